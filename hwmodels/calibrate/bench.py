@@ -1,0 +1,162 @@
+"""The microbenchmarks (imports torch: load only after OMP_WAIT_POLICY is set).
+
+CPU and CUDA share every benchmark; they differ only in the Timer (wall clock around a
+loop vs CUDA events around it) and in the Plan (sizes, dtypes).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .fit import Series
+from .plan import Plan
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Every 16-bit half of this 32-bit pattern is 0x3F80 (1.0 in bf16, 1.875 in fp16) and the
+# whole word is 1.0019 in fp32: normal numbers in every view, no denormal slow paths.
+FILL_PATTERN = 0x3F803F80
+MAX_LOOPS = 100_000
+
+
+class WallTimer:
+    """CPU: wall clock around a loop of calls (the ops are synchronous)."""
+    name = "time.perf_counter around a loop of calls"
+
+    def sync(self) -> None:
+        pass
+
+    def run(self, fn, loops: int) -> float:
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        return time.perf_counter() - start
+
+
+class CudaEventTimer:
+    """CUDA: events recorded around a loop of calls on the current stream."""
+    name = "CUDA events around a loop of calls, torch.cuda.synchronize before each sample"
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    def run(self, fn, loops: int) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(loops):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+
+def make_timer(device: str):
+    return CudaEventTimer() if device == "cuda" else WallTimer()
+
+
+def median_seconds(fn, timer, plan: Plan) -> float:
+    """Median over plan.repeats samples of the time per call; each sample loops the call for
+    at least plan.min_sample_s so timer resolution and loop cost do not matter."""
+    fn()
+    fn()  # warm-up: first calls pay for kernel selection, oneDNN primitive creation, page faults
+    timer.sync()
+    one = min(timer.run(fn, 1) for _ in range(3))  # min: one preempted call must not set the loop count
+    loops = max(1, min(MAX_LOOPS, math.ceil(plan.min_sample_s / max(one, 1e-7))))
+    return statistics.median(timer.run(fn, loops) / loops for _ in range(plan.repeats))
+
+
+class BufferPool:
+    """One allocation carved into equal buffers; calls rotate through them so every call
+    reads memory that the previous ones have evicted from cache (when the pool is larger
+    than the last-level cache), as decode does when it streams weights layer by layer."""
+
+    def __init__(self, nbytes: int, device: str):
+        self.raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.raw.view(torch.int32).fill_(FILL_PATTERN)  # also touches every page now
+
+    def views(self, nbytes: int, dtype: torch.dtype, shape=None) -> list:
+        count = len(self.raw) // nbytes
+        if count < 1:
+            raise ValueError(f"a {nbytes}-byte buffer does not fit in the {len(self.raw)}-byte pool")
+        views = [self.raw[i * nbytes:(i + 1) * nbytes].view(dtype) for i in range(count)]
+        return [v.view(shape) for v in views] if shape else views
+
+
+def run_all(plan: Plan, progress=None, timer=None) -> dict:
+    """Run every benchmark of the plan; returns name -> Series. `progress(label)` is called
+    after each point; `timer` defaults to the device's own."""
+    device = plan.device
+    timer = timer or make_timer(device)
+    tick = progress or (lambda label: None)
+    series: dict[str, Series] = {}
+
+    def new(name, what, kind):
+        series[name] = Series(name, what, kind)
+        return series[name]
+
+    # Dispatch: one tiny elementwise op (one kernel launch on CUDA).
+    a, b, out = (torch.ones(1, device=device) for _ in range(3))
+    dispatch = new("dispatch", "torch.add(a, b, out=c) on 1-element fp32 tensors", "calls")
+    dispatch.add(1, median_seconds(lambda: torch.add(a, b, out=out), timer, plan))
+    tick("dispatch")
+
+    # Host work of one greedy decode-loop step outside the model: pick the token, append it,
+    # check for end of sequence (a host sync on CUDA, as generate() does each step).
+    logits = torch.randn(1, plan.vocab, device=device)
+    ids = torch.ones(1, 1024, dtype=torch.long, device=device)
+
+    def host_step():
+        token = torch.argmax(logits, dim=-1)
+        torch.cat([ids, token[:, None]], dim=-1)
+        return bool((token == 2).all())
+
+    host = new("host_step", f"argmax over {plan.vocab} logits + cat onto 1024 ids + end-of-sequence "
+               "check (bool of a device tensor)", "calls")
+    host.add(1, median_seconds(host_step, timer, plan))
+    tick("host step")
+
+    pool = BufferPool(plan.pool_bytes, device)
+    read = new("read", "torch.sum over fp32 buffers rotating through the pool; bytes = buffer size", "bytes")
+    copy = new("copy", "dst.copy_(src) between neighbouring pool buffers; bytes = 2 x buffer size "
+               "(read + write)", "bytes")
+    for nbytes in plan.stream_sizes:
+        buffers = itertools.cycle(pool.views(nbytes, torch.float32))
+        read.add(nbytes, median_seconds(lambda: torch.sum(next(buffers)), timer, plan))
+        tick(f"read {nbytes >> 10} KiB")
+        views = pool.views(nbytes, torch.float32)
+        if len(views) >= 2:
+            pairs = itertools.cycle(list(zip(views, views[1:] + views[:1])))
+
+            def copy_next():
+                dst, src = next(pairs)
+                dst.copy_(src)
+
+            copy.add(2 * nbytes, median_seconds(copy_next, timer, plan))
+            tick(f"copy {nbytes >> 10} KiB")
+    for dtype in plan.gemv_dtypes:
+        gemv = new(f"gemv_{dtype}", f"F.linear(x[1, n], W[n, n]) in {dtype}, W rotating through the "
+                   "pool; bytes = n*n*element size", "bytes")
+        tdtype, element = TORCH_DTYPES[dtype], torch.finfo(TORCH_DTYPES[dtype]).bits // 8
+        for nbytes in plan.stream_sizes:
+            n = plan.gemv_shape(nbytes, dtype)
+            weights = itertools.cycle(pool.views(n * n * element, tdtype, (n, n)))
+            x = torch.ones(1, n, dtype=tdtype, device=device)
+            gemv.add(n * n * element, median_seconds(lambda: F.linear(x, next(weights)), timer, plan))
+            tick(f"gemv {dtype} n={n}")
+    del pool
+    for dtype, sizes in plan.gemm_sizes.items():
+        gemm = new(f"gemm_{dtype}", f"F.linear(A[n, n], B[n, n]) in {dtype}; FLOPs = 2 n^3", "flops")
+        for n in sizes:
+            x = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
+            w = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
+            gemm.add(2 * n**3, median_seconds(lambda: F.linear(x, w), timer, plan))
+            tick(f"gemm {dtype} n={n}")
+    if not copy.points:
+        del series["copy"]
+    return series

@@ -1,0 +1,166 @@
+"""`python -m hwmodels.calibrate --device cpu|cuda [--out FILE] [--name NAME] [--quick]`."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..cli import OneLineParser, fail
+from ..errors import HardwareFileError
+from ..units import format_quantity
+from . import hostinfo
+from .document import Provenance, build_document, write_and_check
+from .fit import fit
+from .plan import make_plan
+
+
+def prepare_openmp() -> str:
+    """OpenMP reads OMP_WAIT_POLICY when torch loads, so it must be set before the lazy
+    import. Returns the value in effect (recorded in the file)."""
+    if os.environ.get("OMP_WAIT_POLICY") is None:
+        if "torch" in sys.modules:
+            # Someone imported torch before us: setting the variable now would be a lie.
+            print("warning: torch was imported before OMP_WAIT_POLICY was set; recording it as unset",
+                  file=sys.stderr)
+            return "unset (torch imported first)"
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    return os.environ["OMP_WAIT_POLICY"]
+
+
+def import_torch(device: str):
+    try:
+        import torch
+    except ImportError:
+        fail("hwmodels.calibrate needs torch (pip install torch==2.13.0, or the project's 'capture' extra)")
+    if device == "cuda" and not torch.cuda.is_available():
+        fail(f"--device cuda: torch.cuda is not available here (torch {torch.__version__}"
+             f"{', built without CUDA' if torch.version.cuda is None else ', no GPU visible'}); "
+             "use --device cpu")
+    return torch
+
+
+def device_facts(device: str, torch) -> dict:
+    """Name, description, memory and backend settings of the measured device."""
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return {
+            "description": f"{props.name} (CUDA device 0, {props.multi_processor_count} SMs), calibrated",
+            "memory_bytes": float(props.total_memory),
+            "memory_how": "torch.cuda.get_device_properties(0).total_memory",
+            "llc_bytes": getattr(props, "L2_cache_size", None),
+            "settings": {"cuda_device": props.name, "cuda_version": str(torch.version.cuda),
+                         "fp32_matmul_precision": torch.get_float32_matmul_precision()},
+        }
+    memory, how = hostinfo.physical_memory_bytes()
+    return {
+        "description": (f"{hostinfo.cpu_model()} ({os.cpu_count()} logical CPUs, "
+                        f"{torch.get_num_threads()} torch threads), calibrated"),
+        "memory_bytes": memory,
+        "memory_how": how,
+        "llc_bytes": hostinfo.last_level_cache_bytes(),
+        "settings": {"cpu": hostinfo.cpu_model(), "logical_cpus": os.cpu_count(),
+                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")},
+    }
+
+
+def parse_args(argv):
+    parser = OneLineParser(
+        prog="python -m hwmodels.calibrate",
+        description="Measure the local device with microbenchmarks (read/copy bandwidth, GEMV and GEMM "
+                    "over sizes, dispatch overhead) and write a hardware file of the hwmodels schema.")
+    parser.add_argument("--device", required=True, choices=("cpu", "cuda"))
+    parser.add_argument("--out", type=Path, help="output YAML (default: ./<name>.yaml); to ship it as a "
+                        "device, write hwmodels/devices/<name>.yaml")
+    parser.add_argument("--name", help="device name in the file (default: <device>-local)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds, few sizes, warm caches: for tests, not for predictions")
+    args = parser.parse_args(argv)
+    args.name = args.name or f"{args.device}-local"
+    if not args.name or any(c.isspace() or c in "/\\" for c in args.name):
+        parser.error(f"--name must be one word without slashes, got {args.name!r}")
+    args.out = args.out or Path(f"{args.name}.yaml")
+    if args.out.suffix not in (".yaml", ".yml"):
+        parser.error(f"--out must end in .yaml or .yml, got {args.out}")
+    if not args.out.parent.is_dir():
+        parser.error(f"--out: directory {args.out.parent} does not exist")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    omp = prepare_openmp()
+    started = time.perf_counter()
+    load_before = hostinfo.load_average()
+    torch = import_torch(args.device)
+    from tqdm import tqdm
+
+    from .bench import make_timer, run_all
+
+    plan = make_plan(args.device, args.quick)
+    facts = device_facts(args.device, torch)
+    print(f"calibrating {args.device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, load average {load_before}", file=sys.stderr)
+    if args.device == "cpu" and load_before and load_before[0] > 0.5:
+        # Spinning OpenMP threads that lose their core stall a parallel op for a scheduler
+        # tick (~4-16 ms): timings under load are inflated, sometimes by orders of magnitude.
+        print(f"warning: load average {load_before[0]} before start: other processes compete for "
+              f"the {os.cpu_count()} CPUs and will inflate the timings; rerun on a quiet machine",
+              file=sys.stderr)
+    try:
+        with tqdm(total=plan.n_points(), desc=f"calibrate {args.device}", unit="pt",
+                  file=sys.stderr, leave=False) as bar:
+            def progress(label):
+                bar.set_postfix_str(label, refresh=False)
+                bar.update(1)
+            series = run_all(plan, progress)
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:  # e.g. out of memory for the buffer pool
+        fail(f"benchmark failed: {str(exc).splitlines()[0]}")
+    result = fit(series, plan.primary_dtype)
+    prov = Provenance(
+        device=args.device, mode=plan.mode, host=socket.gethostname(),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        omp_wait_policy=omp, torch_version=str(torch.__version__), threads=torch.get_num_threads(),
+        repeats=plan.repeats, timer=make_timer(args.device).name,
+        wall_time_s=time.perf_counter() - started, load_before=load_before,
+        load_after=hostinfo.load_average(), llc_bytes=facts["llc_bytes"], pool_bytes=plan.pool_bytes,
+        settings=facts["settings"], python_version=platform.python_version(),
+        numpy_version=__import__("numpy").__version__)
+    doc = build_document(args.name, facts["description"], facts["memory_bytes"], facts["memory_how"],
+                         result, series, prov, plan.primary_dtype)
+    try:
+        device = write_and_check(args.out, doc)
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror or exc}")
+    except HardwareFileError as exc:  # would be a bug in the fit: say so in one line
+        fail(f"calibration produced an invalid file: {exc}")
+    print_summary(device, series, prov, args.out)
+    return 0
+
+
+def print_summary(device, series, prov, out) -> None:
+    def best(name, kind):
+        if name not in series:
+            return "n/a"
+        rate, size = series[name].best()
+        return f"{format_quantity(rate, kind)} (at {format_quantity(size, 'size' if kind == 'bandwidth' else 'ops')})"
+
+    print(f"wrote {out} ({device.name}, {prov.mode}) in {prov.wall_time_s:.1f} s; "
+          f"load average before {prov.load_before}, after {prov.load_after}")
+    print(f"  read bandwidth   {best('read', 'bandwidth')}")
+    print(f"  copy bandwidth   {best('copy', 'bandwidth')}  (read + write bytes)")
+    for name in series:
+        if name.startswith("gemv_"):
+            print(f"  {name:<16} {best(name, 'bandwidth')}")
+    for name in series:
+        if name.startswith("gemm_"):
+            print(f"  {name:<16} {best(name, 'ops_rate')}")
+    print(f"  dispatch         {device.launch_overhead_s * 1e6:.2f} us per op; host step "
+          f"{device.host_overhead_s * 1e6:.1f} us")
+    print(f"  memory_bw (peak) {format_quantity(device.memory_bw, 'bandwidth')}")

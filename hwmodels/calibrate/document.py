@@ -1,0 +1,144 @@
+"""The calibrated hardware file: schema-conformant YAML, written atomically. No torch."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..registry import load_device
+from ..schema import SCHEMA_VERSION
+from .fit import FitResult, Series
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where and how the numbers were measured; every source string is built from this."""
+    device: str                  # "cpu" / "cuda"
+    mode: str                    # "full" / "quick"
+    host: str
+    date: str                    # ISO 8601, UTC
+    omp_wait_policy: str
+    torch_version: str
+    threads: int
+    repeats: int
+    timer: str
+    wall_time_s: float
+    load_before: list | None
+    load_after: list | None
+    llc_bytes: int | None
+    pool_bytes: int
+    settings: dict               # extra backend facts (e.g. cuda device, allow_tf32)
+    python_version: str
+    numpy_version: str
+
+    def __post_init__(self):
+        if self.repeats < 1 or self.wall_time_s < 0:
+            raise ValueError("repeats must be >= 1 and the wall time non-negative")
+
+    def source(self, detail: str) -> str:
+        return (f"measured: hwmodels.calibrate{' --quick' if self.mode == 'quick' else ''} on {self.host} "
+                f"{self.date}, OMP_WAIT_POLICY={self.omp_wait_policy}, torch {self.torch_version}, "
+                f"{self.threads} threads, {self.repeats} repeats, median; {detail}")
+
+
+def _round(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def _size(x: float):
+    return int(x) if float(x).is_integer() else _round(x, 6)
+
+
+def _q(value: float, unit: str, source: str) -> dict:
+    return {"value": _round(value), "unit": unit, "source": source}
+
+
+def build_document(name: str, description: str, memory_bytes: float, memory_how: str,
+                   fit: FitResult, series: dict, prov: Provenance, primary_dtype: str) -> dict:
+    """The YAML mapping of a calibrated device (units: GB, GB/s, GFLOP/s, us)."""
+    gemv, gemm = f"gemv_{primary_dtype}", f"gemm_{primary_dtype}"
+    dispatch_what = series["dispatch"].what
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "description": description,
+        "memory_capacity": _q(memory_bytes / 1e9, "GB", prov.source(f"{memory_how}")),
+        "memory_bandwidth": _q(fit.memory_bw / 1e9, "GB/s", prov.source(
+            f"best streaming read rate over the read and GEMV series: {fit.memory_bw_from}")),
+        "peak_flops": {
+            dtype: _q(rate / 1e9, "GFLOP/s", prov.source(
+                f"best dense GEMM rate measured ({fit.flops_from[dtype]}), not a datasheet peak"))
+            for dtype, rate in sorted(fit.flops.items())
+        },
+        "bw_efficiency": {
+            "form": "table",
+            "size_unit": "B",
+            "points": [[s, f] for s, f in zip(fit.bw_table.sizes, fit.bw_table.fractions)],
+            "source": prov.source(
+                f"{gemv} series: fraction = bytes / (memory_bandwidth x (median time - launch_overhead)), "
+                "isotonic fit, capped so no larger transfer is predicted faster"),
+        },
+        "compute_efficiency": {
+            "form": "table",
+            "size_unit": "FLOP",
+            "points": [[s, f] for s, f in zip(fit.compute_table.sizes, fit.compute_table.fractions)],
+            "source": prov.source(
+                f"{gemm} series: fraction = FLOPs / (peak_flops.{primary_dtype} x (median time - "
+                "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"),
+        },
+        "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
+        "host_overhead": _q(fit.host_overhead_s * 1e6, "us",
+                            prov.source(f"host_step: {series['host_step'].what}")),
+        "notes": (f"Calibrated {prov.device} file ({prov.mode} mode) in {prov.wall_time_s:.1f} s; "
+                  f"load average before/after {prov.load_before}/{prov.load_after}. Raw medians are "
+                  "under calibration.series; regenerate with python -m hwmodels.calibrate."
+                  + (" QUICK MODE: few sizes, warm caches; for tests, not for predictions."
+                     if prov.mode == "quick" else "")),
+        "calibration": {
+            "tool": "hwmodels.calibrate",
+            "mode": prov.mode,
+            "device": prov.device,
+            "host": prov.host,
+            "date": prov.date,
+            "wall_time_s": round(prov.wall_time_s, 2),
+            "env": {"OMP_WAIT_POLICY": prov.omp_wait_policy, "torch_threads": prov.threads,
+                    "timer": prov.timer, **prov.settings},
+            "versions": {"torch": prov.torch_version, "python": prov.python_version,
+                         "numpy": prov.numpy_version},
+            "repeats": prov.repeats,
+            "statistic": "median over repeats of the mean time per call within a sample",
+            "load_average": {"before": prov.load_before, "after": prov.load_after},
+            "last_level_cache": prov.llc_bytes,
+            "pool_bytes": prov.pool_bytes,
+            "fit": (f"memory_bandwidth from {fit.memory_bw_from}; bw_efficiency from {gemv}; "
+                    f"compute_efficiency from {gemm}; see hwmodels/calibrate/fit.py"),
+            "series": {
+                s.name: {"what": s.what, "size": s.size_kind,
+                         "points_size_seconds": [[_size(x), _round(t, 5)] for x, t in s.points]}
+                for s in series.values()
+            },
+        },
+    }
+    return doc
+
+
+def render(doc: dict) -> str:
+    header = ("# Calibrated hardware file written by hwmodels.calibrate (schema: hwmodels/schema.py).\n"
+              "# Every number is measured on this host by microbenchmarks; see each source.\n")
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=10**6, allow_unicode=True)
+    return header + body
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_and_check(path: Path, doc: dict):
+    """Write the file atomically, then load it back through the schema (a file the loader
+    rejects is a bug here, never shipped silently)."""
+    write_atomic(path, render(doc))
+    return load_device(path)

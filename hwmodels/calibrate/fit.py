@@ -1,0 +1,151 @@
+"""From measured medians to the numbers of a hardware file. Pure numpy, no torch.
+
+The simulator charges an op `max(flops / (peak * ceff(flops)), bytes / (bw * beff(bytes)))
++ launch_overhead`. The fit inverts that model on the microbenchmarks, so the calibrated
+file reproduces them:
+
+- launch_overhead = median time of a tiny op (pure dispatch);
+- memory_bw = the best streaming read rate measured (read or GEMV series, any size);
+- beff(s) = s / (memory_bw * (t(s) - launch)) on the primary-dtype GEMV (the kernel that
+  decode runs over the weights), then made non-decreasing (isotonic regression) and
+  consistent (no larger transfer predicted faster than a smaller one);
+- peak FLOP/s per dtype = the best GEMM rate measured in that dtype; ceff the same way as
+  beff on the primary-dtype GEMM series.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..curves import TableCurve, check_table
+
+# Fractions are written with this many decimals; the smallest representable one.
+DECIMALS = 5
+SMALLEST_FRACTION = 10.0 ** -DECIMALS
+
+
+@dataclass
+class Series:
+    """Medians of one benchmark over sizes: points are (size, seconds per call)."""
+    name: str
+    what: str                         # how it was measured, for the file
+    size_kind: str                    # "bytes" (moved per call), "flops" or "calls"
+    points: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.size_kind not in ("bytes", "flops", "calls"):
+            raise ValueError(f"size kind must be bytes, flops or calls, got {self.size_kind!r}")
+
+    def add(self, size: float, seconds: float) -> None:
+        if not (size > 0 and seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(f"{self.name}: size and time must be positive, got {size}, {seconds}")
+        self.points.append((float(size), float(seconds)))
+
+    def sizes(self) -> np.ndarray:
+        return np.array([p[0] for p in self.points])
+
+    def seconds(self) -> np.ndarray:
+        return np.array([p[1] for p in self.points])
+
+    def rates(self) -> np.ndarray:
+        """Bytes/s or FLOP/s achieved at each point (dispatch included)."""
+        return self.sizes() / self.seconds()
+
+    def best(self) -> tuple[float, float]:
+        """(best rate, size where it was reached)."""
+        rates = self.rates()
+        i = int(np.argmax(rates))
+        return float(rates[i]), float(self.sizes()[i])
+
+
+def isotonic_increasing(values) -> np.ndarray:
+    """Least-squares non-decreasing fit (pool-adjacent-violators, equal weights)."""
+    blocks: list[list[float]] = []   # [mean, count]
+    for v in np.asarray(values, dtype=np.float64):
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean2, n2 = blocks.pop()
+            mean1, n1 = blocks.pop()
+            blocks.append([(mean1 * n1 + mean2 * n2) / (n1 + n2), n1 + n2])
+    return np.concatenate([np.full(int(n), mean) for mean, n in blocks])
+
+
+def raw_efficiency(sizes, seconds, peak_rate: float, overhead_s: float) -> np.ndarray:
+    """Fraction of `peak_rate` achieved once the per-op overhead (charged separately by the
+    simulator) is taken out; at most 1 by construction."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    busy = np.maximum(np.asarray(seconds, dtype=np.float64) - overhead_s, sizes / peak_rate)
+    return sizes / (peak_rate * busy)
+
+
+def consistent_table(sizes, fractions) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Make measured fractions a valid TableCurve: non-decreasing (isotonic fit), in (0, 1],
+    never rising faster than size (a larger kernel is never predicted faster), rounded down
+    to DECIMALS decimals. Returns integer sizes and the fractions."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    order = np.argsort(sizes)
+    sizes = sizes[order]
+    fitted = np.clip(isotonic_increasing(np.asarray(fractions, dtype=np.float64)[order]), 0.0, 1.0)
+    out_sizes: list[int] = []
+    out_fractions: list[float] = []
+    scale = 10.0 ** DECIMALS
+    for size, value in zip(sizes, fitted):
+        size = int(round(size))
+        if out_sizes and size <= out_sizes[-1]:
+            continue  # duplicate size after rounding: keep the first
+        if out_fractions:
+            value = min(value, out_fractions[-1] * size / out_sizes[-1])
+            value = max(value, out_fractions[-1])
+        value = max(math.floor(value * scale) / scale, SMALLEST_FRACTION)
+        if out_fractions:
+            value = max(value, out_fractions[-1])
+        out_sizes.append(size)
+        out_fractions.append(value)
+    check_table(out_sizes, out_fractions)
+    return tuple(out_sizes), tuple(out_fractions)
+
+
+@dataclass
+class FitResult:
+    memory_bw: float
+    memory_bw_from: str               # e.g. "read at 1.07e9 B"
+    bw_table: TableCurve
+    flops: dict                       # dtype -> best FLOP/s
+    flops_from: dict                  # dtype -> "gemm_bf16 at n=4096"
+    compute_table: TableCurve
+    launch_overhead_s: float
+    host_overhead_s: float
+
+
+def fit(series: dict, primary_dtype: str) -> FitResult:
+    """series: name -> Series, with 'dispatch', 'host_step', 'read', 'copy' (optional),
+    'gemv_<dtype>' and 'gemm_<dtype>' for at least the primary dtype."""
+    for needed in ("dispatch", "host_step", "read", f"gemv_{primary_dtype}", f"gemm_{primary_dtype}"):
+        if needed not in series or not series[needed].points:
+            raise ValueError(f"calibration is missing the {needed} measurements")
+    launch = float(np.median(series["dispatch"].seconds()))
+    host = float(np.median(series["host_step"].seconds()))
+
+    # Pure reads only: a copy's writes land in cache and are written back later, so at
+    # small sizes its byte count flatters the memory system.
+    streaming = [s for name, s in series.items() if name == "read" or name.startswith("gemv_")]
+    best = max(((s.best(), s.name) for s in streaming), key=lambda item: item[0][0])
+    (memory_bw, at_size), from_name = best
+    gemv = series[f"gemv_{primary_dtype}"]
+    bw_sizes, bw_fractions = consistent_table(
+        gemv.sizes(), raw_efficiency(gemv.sizes(), gemv.seconds(), memory_bw, launch))
+
+    flops, flops_from = {}, {}
+    for name, s in series.items():
+        if name.startswith("gemm_") and s.points:
+            rate, at = s.best()
+            dtype = name[len("gemm_"):]
+            flops[dtype] = rate
+            flops_from[dtype] = f"{name} at {at:.4g} FLOP (n={round((at / 2) ** (1 / 3))})"
+    gemm = series[f"gemm_{primary_dtype}"]
+    c_sizes, c_fractions = consistent_table(
+        gemm.sizes(), raw_efficiency(gemm.sizes(), gemm.seconds(), flops[primary_dtype], launch))
+    return FitResult(memory_bw, f"{from_name} at {at_size:.4g} B", TableCurve(bw_sizes, bw_fractions),
+                     flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host)

@@ -1,0 +1,96 @@
+"""What a calibration measures: sizes, dtypes and repeats per device kind and mode.
+
+The only device-specific inputs besides the timer. Pure data, no torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..dtypes import DTYPES, dtype_bytes
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str                       # "cpu" or "cuda"
+    mode: str                         # "full" or "quick"
+    stream_sizes: tuple[int, ...]     # bytes per read / per copy source / per GEMV weight
+    gemv_dtypes: tuple[str, ...]
+    gemm_sizes: dict                  # dtype -> square sizes n (n x n x n GEMMs)
+    primary_dtype: str                # dtype whose GEMV/GEMM series shape the curves
+    pool_bytes: int                   # rotating buffer pool: reads come from cold memory
+    repeats: int                      # samples per point; the median is kept
+    min_sample_s: float               # each sample loops the op at least this long
+    vocab: int = 32000                # logits row of the decode-loop host-work benchmark
+
+    def __post_init__(self):
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.mode not in ("full", "quick"):
+            raise ValueError(f"mode must be full or quick, got {self.mode!r}")
+        sizes = self.stream_sizes
+        if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
+            raise ValueError("stream sizes must be positive and strictly increasing")
+        if max(sizes) > self.pool_bytes:
+            raise ValueError("the largest stream size must fit in the buffer pool")
+        for dtype in (*self.gemv_dtypes, *self.gemm_sizes):
+            if dtype not in DTYPES:
+                raise ValueError(f"unknown dtype {dtype!r}")
+        if self.primary_dtype not in self.gemv_dtypes or self.primary_dtype not in self.gemm_sizes:
+            raise ValueError("the primary dtype must have GEMV and GEMM series")
+        for dtype, ns in self.gemm_sizes.items():
+            if not ns or list(ns) != sorted(set(ns)) or ns[0] <= 0:
+                raise ValueError(f"GEMM sizes for {dtype} must be positive and increasing")
+        if self.repeats < 3:
+            raise ValueError("at least 3 repeats are needed for a meaningful median")
+        if self.min_sample_s <= 0:
+            raise ValueError("the minimum sample time must be positive")
+
+    def gemv_shape(self, nbytes: int, dtype: str) -> int:
+        """Side n of the largest square GEMV weight (n x n) in `dtype` within `nbytes` bytes."""
+        n = math.isqrt(int(nbytes // dtype_bytes(dtype)))
+        if n < 16:
+            raise ValueError(f"{nbytes} bytes is too small for a {dtype} GEMV benchmark")
+        return n
+
+    def n_points(self) -> int:
+        """Benchmark points, for the progress bar."""
+        copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
+        return (2 + 2 * len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
+                + sum(len(ns) for ns in self.gemm_sizes.values()))
+
+
+def _powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
+    sizes, s = [], start
+    while s <= stop:
+        sizes.append(s)
+        s *= factor
+    return tuple(sizes)
+
+
+def make_plan(device: str, quick: bool) -> Plan:
+    if device == "cpu" and quick:
+        # Seconds, for tests: warm caches (the pool fits in the LLC), few sizes; not representative.
+        return Plan("cpu", "quick", _powers(64 * KiB, 4 * MiB), ("fp32",), {"fp32": (32, 64, 128, 256)},
+                    "fp32", pool_bytes=16 * MiB, repeats=3, min_sample_s=0.5e-3)
+    if device == "cpu":
+        # 64 KiB .. 1 GiB in x4 steps. The 1 GiB pool is > 3x the last-level cache of this
+        # class of server CPU (300 MiB here), so every read streams from DRAM as decode
+        # weights do. bf16 GEMM runs on AMX/AVX512-BF16 where present; fp16 shows the
+        # (often slow) fp16 path rather than letting it fall back to the bf16 rate.
+        return Plan("cpu", "full", _powers(64 * KiB, GiB), ("fp32", "bf16"),
+                    {"fp32": (64, 128, 256, 512, 1024, 2048), "bf16": (64, 128, 256, 512, 1024, 2048, 4096),
+                     "fp16": (256, 1024, 2048)},
+                    "fp32", pool_bytes=GiB, repeats=7, min_sample_s=5e-3)
+    if device == "cuda" and quick:
+        return Plan("cuda", "quick", _powers(64 * KiB, 64 * MiB), ("bf16",), {"bf16": (256, 1024, 4096)},
+                    "bf16", pool_bytes=256 * MiB, repeats=3, min_sample_s=1e-3)
+    if device == "cuda":
+        # 64 KiB .. 4 GiB; a 4 GiB pool is > 50x the L2 of current GPUs. bf16 GEMMs to 8192^3.
+        return Plan("cuda", "full", _powers(64 * KiB, 4 * GiB), ("bf16", "fp32"),
+                    {"bf16": (256, 512, 1024, 2048, 4096, 6144, 8192), "fp16": (1024, 4096, 8192),
+                     "fp32": (1024, 4096)},
+                    "bf16", pool_bytes=4 * GiB, repeats=9, min_sample_s=5e-3)
+    raise ValueError(f"device must be cpu or cuda, got {device!r}")

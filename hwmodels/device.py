@@ -1,0 +1,94 @@
+"""`Device`: one piece of hardware as the simulator sees it (values in base units)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from .dtypes import canonical_dtype
+
+# peak_flops(dtype) for a dtype the file does not list: the nearest *wider* format the
+# device has (its kernels would run in that format), e.g. int4 -> int8 and fp8 -> bf16 on
+# an A100, which has no fp8 units. fp32 has nothing wider, so a device without an fp32
+# figure (a TPU) uses its 16-bit matrix rate, an optimistic bound.
+FALLBACK = {
+    "fp32": ("bf16", "fp16"),
+    "bf16": ("fp16", "fp32"),
+    "fp16": ("bf16", "fp32"),
+    "fp8": ("bf16", "fp16", "fp32"),
+    "int8": ("bf16", "fp16", "fp32"),
+    "int4": ("int8", "fp8", "bf16", "fp16", "fp32"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Device:
+    """Peak figures, size-dependent achievable fractions and overheads of one device.
+
+    Two devices are equal when their files have the same content (`content_hash`), so a
+    Device can key a result cache.
+    """
+    name: str
+    description: str
+    memory_bytes: float                  # bytes
+    memory_bw: float                     # bytes/s, peak
+    flops: Mapping[str, float]           # dense peak FLOP/s per dtype listed in the file
+    bw_curve: object                     # size in bytes -> fraction of memory_bw
+    compute_curve: object                # kernel FLOPs -> fraction of peak FLOP/s
+    launch_overhead_s: float             # per kernel
+    host_overhead_s: float               # per step
+    content_hash: str
+    source_path: str
+    sources: Mapping[str, str] = field(default_factory=dict)   # field -> provenance
+    notes: str | None = None
+    calibration: Mapping | None = None   # raw measurements of a calibrated file
+
+    def __post_init__(self):
+        object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.content_hash == self.content_hash
+
+    def __hash__(self):
+        return hash(self.content_hash)
+
+    def flops_dtype(self, dtype: str) -> str:
+        """The dtype whose rate `peak_flops(dtype)` uses (itself, or its fallback)."""
+        dtype = canonical_dtype(dtype)
+        if dtype in self.flops:
+            return dtype
+        for candidate in FALLBACK[dtype]:
+            if candidate in self.flops:
+                return candidate
+        raise ValueError(f"device {self.name} lists no FLOP/s figure usable for {dtype}")
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for `dtype`, falling back per FALLBACK when the file lacks it."""
+        return self.flops[self.flops_dtype(dtype)]
+
+    def bw_efficiency(self, nbytes):
+        """Achievable fraction of `memory_bw` for transfers of `nbytes` (array in, array out)."""
+        return self.bw_curve(nbytes)
+
+    def compute_efficiency(self, flops):
+        """Achievable fraction of peak FLOP/s for kernels of `flops` FLOPs (array in, array out)."""
+        return self.compute_curve(flops)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "memory_bytes": self.memory_bytes,
+            "memory_bw": self.memory_bw,
+            "peak_flops": dict(self.flops),
+            "bw_efficiency": self.bw_curve.to_dict(),
+            "compute_efficiency": self.compute_curve.to_dict(),
+            "launch_overhead_s": self.launch_overhead_s,
+            "host_overhead_s": self.host_overhead_s,
+            "content_hash": self.content_hash,
+            "source_path": self.source_path,
+            "sources": dict(self.sources),
+            "notes": self.notes,
+        }

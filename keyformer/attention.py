@@ -1,0 +1,256 @@
+"""How a policy gets inside a model: one registered attention function (plus its mask function), one
+forward pre-hook on the model, and for MPT (hand-written ALiBi attention that bypasses the interface) a
+replacement of its attention modules' forward, scoped to `apply_policy`'s context.
+
+The attention function computes the model's ordinary softmax attention over the slots and hands the fp32
+logits and probabilities to the policy, which accumulates its scores and evicts right after the layer's
+attention, so no extra pass over K/V is needed.
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+
+from keyformer import compat
+from keyformer.cache import SlotLayer
+
+ATTENTION_NAME = "kvsim_slots"
+
+
+# ---- the attention math shared by every architecture ----------------------------------------------------
+def slot_bias(layer: SlotLayer) -> torch.Tensor:
+    """(B, H_kv, 1, S) additive fp32 bias hiding the empty slots of a decode step."""
+    return torch.where(layer.positions >= 0, 0.0, torch.finfo(torch.float32).min).unsqueeze(2)
+
+
+def attend(policy, layer: SlotLayer, query, key, value, bias, scaling: float):
+    """Softmax attention of query (B, H_q, q, D) over key/value (B, H_kv, S, D) with an additive bias of
+    shape (B, 1 | H_kv, q | 1, S); returns the output (B, q, H_q, D) and probabilities (B, H_q, q, S).
+
+    GQA without `repeat_kv`: the G query heads of a KV group are folded into the query axis, so K/V are
+    read once per KV head. Logits and softmax are fp32 (as the eager paths of Llama/GPT-J/MPT do).
+    """
+    batch, q_heads, q_len, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    group = q_heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group * q_len, dim)
+    logits = torch.matmul(grouped, key.transpose(-1, -2)).float().mul_(scaling)
+    logits = logits.view(batch, kv_heads, group, q_len, slots)
+    if bias is not None:
+        logits = logits + bias.unsqueeze(2).float()
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.matmul(probs.to(value.dtype).view(batch, kv_heads, group * q_len, slots), value)
+    out = out.view(batch, q_heads, q_len, value.shape[-1]).transpose(1, 2)
+    if layer is not None:
+        policy.observe_attention(layer, logits, probs)
+    return out, probs.view(batch, q_heads, q_len, slots)
+
+
+def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The function registered in transformers' AttentionInterface under ATTENTION_NAME."""
+    policy = module._kvsim_policy
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    layer = policy.layers[module.layer_idx] if policy.layers else None
+    if layer is None or not layer.is_initialized:
+        raise ValueError("attention ran without the policy's cache (use_cache=False?)")
+    bias = attention_mask if layer.in_prefill else slot_bias(layer)
+    return attend(policy, layer, query, key, value, bias, scaling)
+
+
+def slot_mask(*, q_length: int, **kwargs):
+    """Mask function registered with the attention function: the prompt gets transformers' own eager causal
+    + padding mask; a decode step gets none, because slot order is not token order and the attention
+    function masks empty slots itself (the 2-D padding mask no longer lines up with the slots)."""
+    if q_length == 1:
+        return None
+    return compat.eager_mask(q_length=q_length, **kwargs)
+
+
+compat.register_attention(ATTENTION_NAME, slot_attention, slot_mask)
+
+
+# ---- MPT: ALiBi gathered by the original positions of the slots -----------------------------------------
+def alibi_slopes(model, n_heads: int, device) -> torch.Tensor:
+    """MPT's per-head ALiBi slopes, read off its own bias builder (bias = slope * (j - (L - 1)))."""
+    alibi_max = model.config.attn_config.alibi_bias_max
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+    bias = build_mpt_alibi_tensor(n_heads, 2, alibi_max, device=device)  # (H, 1, 2): [-slope, 0]
+    return -bias[:, 0, 0].float()
+
+
+def _slot_ranks(positions: torch.Tensor) -> torch.Tensor:
+    """Rank of each slot's token among the held ones (renumbered positions), empty slots -1."""
+    order = torch.where(positions >= 0, positions, torch.iinfo(torch.long).max).argsort(dim=-1)
+    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device)
+                                             .expand_as(order).contiguous())
+    return torch.where(positions >= 0, ranks, -1)
+
+
+def mpt_attention_forward(self, hidden_states, position_bias=None, *args, **kwargs):
+    """Replacement for MptAttention.forward under a policy (same projections; bias from slot positions).
+
+    ALiBi only depends on the key's position up to a per-row constant (softmax is shift-invariant), so the
+    bias of a kept token is slope * original_position, whatever slot it sits in.
+    """
+    policy = self._kvsim_policy
+    cache = compat.get_cache(kwargs)
+    attention_mask = kwargs.get("attention_mask")
+    if cache is None:
+        raise ValueError("MPT under a KV policy needs use_cache=True (MptConfig defaults to False)")
+    batch, q_len = hidden_states.shape[:2]
+    mixed = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        mixed = mixed.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    query, key, value = (t.reshape(batch, q_len, self.n_heads, self.head_dim).transpose(1, 2)
+                         for t in mixed.chunk(3, dim=2))
+    key, value = cache.update(key, value, self.layer_idx)
+    layer = policy.layers[self.layer_idx]
+    slopes = self._kvsim_slopes.view(1, self.n_heads, 1, 1)
+    if layer.in_prefill:
+        key_pos = policy.prompt_positions.to(key.device).view(batch, 1, 1, -1).float()
+        bias = slopes * key_pos
+        if attention_mask is not None:  # MPT's mask is boolean, True = masked
+            bias = bias.masked_fill(attention_mask.bool(), torch.finfo(torch.float32).min)
+    else:
+        key_pos = layer.positions if policy.position_mode == "original" else _slot_ranks(layer.positions)
+        bias = slopes * key_pos.unsqueeze(2).float() + slot_bias(layer)
+    out, probs = attend(policy, layer, query, key, value, bias, self.softmax_scale)
+    return self.out_proj(out.reshape(batch, q_len, -1)), probs
+
+
+HANDWRITTEN_ATTENTION = {"mpt": mpt_attention_forward}
+
+
+# ---- applying a policy to a model ------------------------------------------------------------------------
+def attention_modules(model) -> dict[int, torch.nn.Module]:
+    """Self-attention modules by layer index (modules named *Attention that carry a layer_idx)."""
+    found: dict[int, torch.nn.Module] = {}
+    for module in model.modules():
+        if (type(module).__name__.endswith("Attention") and getattr(module, "layer_idx", None) is not None
+                and not getattr(module, "is_cross_attention", False)):
+            found.setdefault(int(module.layer_idx), module)
+    if not found or sorted(found) != list(range(len(found))):
+        raise ValueError(f"could not find one self-attention module per layer in {type(model).__name__}")
+    return found
+
+
+def check_supported(model) -> None:
+    compat.check_version()
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or []
+    if getattr(config, "sliding_window", None) is not None or any("sliding" in t for t in layer_types):
+        raise ValueError(f"{config.model_type}: sliding-window attention layers are not supported by the KV "
+                         "policies (set sliding_window=None for a full-attention model)")
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and getattr(generation, "cache_implementation", None) not in (None, "dynamic"):
+        raise ValueError(f"cache_implementation={generation.cache_implementation!r} is not supported: "
+                         "the KV policies need the dynamic cache")
+    if config.model_type not in HANDWRITTEN_ATTENTION and not model._can_set_attn_implementation():
+        raise ValueError(f"{config.model_type}: attention does not go through transformers' AttentionInterface")
+
+
+def install_slot_layers(policy, cache, n_layers: int) -> None:
+    """Turn an empty transformers cache into the policy's slot cache (same object: generate keeps it)."""
+    if not isinstance(cache, compat.Cache):
+        raise ValueError(f"unsupported cache type {type(cache).__name__}")
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or type(layer).__name__.startswith("Static"):
+            raise ValueError(f"{type(layer).__name__} layers are not supported: the KV policies need a dynamic cache")
+    if cache.get_seq_length() > 0:
+        raise ValueError("the cache already holds tokens that were not prefilled under this policy")
+    cache.layers = [SlotLayer(policy, i) for i in range(n_layers)]
+    cache.layer_class_to_replicate = None
+    policy.layers = cache.layers
+    policy._cache = cache
+
+
+def _before_forward(policy, n_layers: int, cache_name: str, takes_positions: bool, args, kwargs):
+    """Forward pre-hook: install the slot cache at the prompt, and feed explicit position ids."""
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    inputs = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+    if inputs is None:
+        raise ValueError("the model was called without input_ids or inputs_embeds")
+    if kwargs.get("use_cache") is False:
+        raise ValueError("a KV policy needs use_cache=True (MptConfig, for one, defaults to use_cache=False)")
+    batch, q_len = inputs.shape[:2]
+    cache = compat.get_cache(kwargs)
+    is_decode = (cache is not None and cache is policy._cache and policy.layers
+                 and policy.layers[0].is_initialized)
+    if is_decode:
+        if q_len != 1:
+            raise ValueError(f"under a KV policy each step after the prompt takes one token, got {q_len}")
+        position_ids = policy.next_positions()
+    else:
+        if cache is None:
+            cache = compat.DynamicCache()
+        install_slot_layers(policy, cache, n_layers)
+        mask = kwargs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones(batch, q_len, dtype=torch.long, device=inputs.device)
+        if mask.dim() != 2 or mask.shape[1] != q_len:
+            raise ValueError("the prompt needs a 2-D attention mask covering exactly the prompt tokens")
+        position_ids = policy.start_prompt(mask)
+    if takes_positions:
+        kwargs["position_ids"] = position_ids.to(inputs.device)
+    compat.set_cache(kwargs, cache, cache_name)
+    kwargs["use_cache"] = True
+    return args, kwargs
+
+
+def _schedule_aware_generate(policy, generate):
+    """model.generate that hands the requested number of new tokens (T) to Keyformer's tau schedule."""
+    def wrapped(*args, **kwargs):
+        if getattr(policy, "max_new_tokens", 0) is not None:
+            return generate(*args, **kwargs)
+        config = kwargs.get("generation_config") or generate.__self__.generation_config
+        total = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+        if total is None:
+            inputs = kwargs.get("input_ids", args[0] if args else None)
+            max_length = kwargs.get("max_length", getattr(config, "max_length", None))
+            if inputs is not None and max_length is not None:
+                total = max_length - inputs.shape[-1]
+        policy.max_new_tokens = total
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            policy.max_new_tokens = None
+    return wrapped
+
+
+@contextlib.contextmanager
+def apply_policy(policy, model):
+    """Route `model`'s attention through `policy` for the duration of the context."""
+    if policy._applied_to is not None:
+        raise ValueError("this policy is already applied to a model")
+    check_supported(model)
+    modules = attention_modules(model)
+    handwritten = HANDWRITTEN_ATTENTION.get(model.config.model_type)
+    previous = model.config._attn_implementation
+    cache_name = compat.cache_kwarg_name(model)
+    takes_positions = compat.accepts_kwarg(model, "position_ids")
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: _before_forward(policy, len(modules), cache_name, takes_positions, args, kwargs),
+        with_kwargs=True)
+    try:
+        for module in modules.values():
+            module._kvsim_policy = policy
+            if handwritten is not None:
+                module._kvsim_slopes = alibi_slopes(model, module.n_heads, next(model.parameters()).device)
+                module.forward = types.MethodType(handwritten, module)
+        if handwritten is None:
+            model.set_attn_implementation(ATTENTION_NAME)
+        model.generate = _schedule_aware_generate(policy, model.generate)
+        policy._applied_to = model
+        yield policy
+    finally:
+        hook.remove()
+        for module in modules.values():
+            for attr in ("_kvsim_policy", "_kvsim_slopes", "forward"):
+                module.__dict__.pop(attr, None)
+        model.__dict__.pop("generate", None)
+        if handwritten is None and model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
+        policy._applied_to = None

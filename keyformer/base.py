@@ -1,0 +1,250 @@
+"""What every policy shares: budget, selection, gather, bookkeeping, observers. Policies only say how
+tokens are scored (`score_increment`) and ranked (`priority`); see full.py ... keyformer.py.
+
+Conventions (the paper's §3, shared/docs/keyformer-paper.md §1, and sim/kvlen.py):
+- budget k = max(1, floor(p * n_real)) per sequence, n_real = the unpadded prompt length; the recent window
+  is w = floor(r * k) (r = 0 means pure key tokens, never "no eviction").
+- prefill: full attention over all n prompt tokens (the first token needs it); then keep the last w real
+  tokens plus the top (k - w) of the other n - w by priority, per layer, per KV head, per sequence.
+- decode step s (s = 0 first): the newcomer enters the cache (k + 1 tokens are attended), scores are
+  accumulated, and the lowest-priority token outside the recent window (the w newest, newcomer included)
+  leaves, so every layer and head holds exactly k tokens again.
+- step numbering seen by observers: -1 = prefill, s >= 0 = decode step s.
+- GQA: scores of the query heads of one KV group are summed (`gqa_reduce="sum"`, the paper's own rule of
+  summing over query rows extended to the group; "mean" ranks identically and is offered for clarity).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import torch
+
+POSITION_MODES = ("original", "renumber")
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Sent to observers after each layer's eviction (or compaction after the prompt)."""
+    step: int  # -1 = prefill, s >= 0 = decode step s
+    layer: int
+    kept_positions: torch.Tensor  # (batch, n_kv_heads, k) original positions, -1 = empty
+    kv_len: int  # tokens held per KV head (max over the batch)
+
+
+@dataclass
+class ScoreWork:
+    """Work done by the score function (noise, softmax, accumulation) and the selection, per step.
+
+    `elements` counts score-matrix entries processed (batch x query heads x queries x keys, summed over
+    layers); `flops` multiplies them by the policy's per-element cost (see each policy's
+    `score_flops_per_element`); `select_elements` counts the priorities ranked by top-k / argmin.
+    """
+    elements: int = 0
+    flops: int = 0
+    select_elements: int = 0
+    by_step: dict = field(default_factory=dict)  # step -> {"elements", "flops", "select_elements"}
+
+    def add(self, step: int, elements: int, flops: int, select_elements: int) -> None:
+        self.elements += elements
+        self.flops += flops
+        self.select_elements += select_elements
+        row = self.by_step.setdefault(step, {"elements": 0, "flops": 0, "select_elements": 0})
+        row["elements"] += elements
+        row["flops"] += flops
+        row["select_elements"] += select_elements
+
+    def reset(self) -> None:
+        self.elements = self.flops = self.select_elements = 0
+        self.by_step = {}
+
+
+@dataclass
+class Policy:
+    """Base of all policies. Subclasses are small dataclasses in their own files."""
+    cache_ratio: float = 0.5
+    recent_ratio: float = 0.3
+    position_mode: str = "original"
+    gqa_reduce: str = "sum"
+
+    name: ClassVar[str] = "base"
+    evicts: ClassVar[bool] = True
+    needs_scores: ClassVar[bool] = False
+    score_flops_per_element: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.cache_ratio <= 1.0:
+            raise ValueError(f"cache_ratio must be in (0, 1], got {self.cache_ratio}")
+        if not 0.0 <= self.recent_ratio <= 1.0:
+            raise ValueError(f"recent_ratio must be in [0, 1], got {self.recent_ratio}")
+        if self.position_mode not in POSITION_MODES:
+            raise ValueError(f"position_mode must be one of {', '.join(POSITION_MODES)}, got {self.position_mode!r}")
+        if self.gqa_reduce not in ("sum", "mean"):
+            raise ValueError(f"gqa_reduce must be 'sum' or 'mean', got {self.gqa_reduce!r}")
+        self._observers: list[Callable[[StepEvent], None]] = []
+        self.score_work = ScoreWork()
+        self.profile = False  # when True, time score update + selection (benchmarks)
+        self.score_select_s = 0.0
+        self.layers: list = []
+        self.step = -1
+        self._active_layer = 0
+        self._cache = None
+        self._applied_to = None
+
+    # ---- what subclasses define ----------------------------------------------------------------------
+    def recent_tokens(self, budget: torch.Tensor) -> torch.Tensor:
+        """Recent-window size per sequence for budgets k (LongTensor)."""
+        return torch.floor(self.recent_ratio * budget.double()).long()
+
+    def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+        """(B, H, S) ranking, lower is evicted first. Empty slots and the recent window are handled here."""
+        raise NotImplementedError
+
+    def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
+        """This step's score per (B, H_kv, G, q, S) entry from the fp32 logits and the model's softmax."""
+        return None
+
+    def begin_sequence(self) -> None:
+        """Called at each prefill (e.g. to reseed noise)."""
+
+    def params(self) -> dict:
+        """Parameters that define the variant (for traces and the CLI's JSON)."""
+        from dataclasses import asdict
+        return asdict(self)
+
+    # ---- public API ------------------------------------------------------------------------------------
+    def apply(self, model):
+        """`with policy.apply(model): model.generate(...)` (see keyformer.attention.apply_policy)."""
+        from keyformer.attention import apply_policy
+        return apply_policy(self, model)
+
+    def add_observer(self, fn: Callable[[StepEvent], None]) -> None:
+        self._observers.append(fn)
+
+    def remove_observer(self, fn: Callable[[StepEvent], None]) -> None:
+        self._observers.remove(fn)
+
+    def kept_positions(self, layer: int) -> torch.Tensor:
+        """(batch, n_kv_heads, k) original positions held by `layer`, ascending; -1 where a sequence with a
+        smaller budget holds fewer tokens than the batch maximum."""
+        return self._layer(layer).kept_positions()
+
+    def kv_lengths(self) -> list[int]:
+        """Tokens held per KV head by each layer (maximum over the batch)."""
+        return [layer.tokens_held() for layer in self.layers]
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V physically allocated by all layers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def _layer(self, layer: int):
+        if not self.layers or not self.layers[layer].is_initialized:
+            raise ValueError(f"layer {layer} holds no cache yet: run a prefill under this policy first")
+        return self.layers[layer]
+
+    # ---- per-sequence state (set by the forward pre-hook in attention.py) ---------------------------
+    def start_prompt(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Budgets and original positions for a new batch of prompts; returns the position ids to feed."""
+        valid = attention_mask.bool()
+        self.prompt_lengths = valid.sum(-1)  # real, unpadded lengths
+        if int(self.prompt_lengths.min()) < 1:
+            raise ValueError("every sequence needs at least one real (unpadded) prompt token")
+        if self.evicts:
+            self.budget = torch.clamp(torch.floor(self.cache_ratio * self.prompt_lengths.double()).long(), min=1)
+        else:
+            self.budget = self.prompt_lengths.clone()
+        self.recent = torch.minimum(self.recent_tokens(self.budget), self.budget)
+        positions = valid.long().cumsum(-1) - 1
+        self.prompt_positions = torch.where(valid, positions, -1)
+        self.query_valid = valid
+        self.next_position = self.prompt_lengths.clone()  # original position of the next token
+        self.step = -1
+        self.score_work.reset()
+        self.score_select_s = 0.0
+        self.begin_sequence()
+        # Pads get position 1, as transformers' generate does; they are masked anyway.
+        return torch.where(valid, positions, 1)
+
+    def next_positions(self) -> torch.Tensor:
+        """Position ids for the token about to be decoded, (B, 1); advances the step counter."""
+        self.step += 1
+        self.current_position = self.next_position.clone()
+        self.next_position = self.next_position + 1
+        if self.position_mode == "renumber":
+            # The newcomer sits right after the tokens held (StreamingLLM-style query position).
+            return self.budget.unsqueeze(-1)
+        return self.current_position.unsqueeze(-1)
+
+    def _newcomer_positions(self, batch: int, heads: int) -> torch.Tensor:
+        return self.current_position.view(batch, 1, 1).expand(batch, heads, 1)
+
+    def _reorder_sequences(self, beam_idx: torch.Tensor) -> None:
+        for name in ("prompt_lengths", "budget", "recent", "next_position", "current_position"):
+            tensor = getattr(self, name, None)
+            if tensor is not None:
+                setattr(self, name, tensor.index_select(0, beam_idx.to(tensor.device)))
+
+    # ---- the part every policy shares: score accumulation, selection, gather ------------------------
+    @contextlib.contextmanager
+    def _timed(self):
+        if not self.profile:
+            yield
+            return
+        start = time.perf_counter()
+        yield
+        self.score_select_s += time.perf_counter() - start
+
+    def observe_attention(self, layer, logits: torch.Tensor, probs: torch.Tensor) -> None:
+        """Called by the attention function with (B, H_kv, G, q, S) fp32 logits/probabilities, after the
+        output has been computed; accumulates scores then selects (prefill) or evicts one (decode)."""
+        with self._timed():
+            increment = self.score_increment(logits, probs) if self.needs_scores else None
+            elements = logits.numel() if increment is not None else 0
+            if increment is not None:
+                if layer.in_prefill:  # padded query rows attend to nothing real: they must not vote
+                    increment = increment * self.query_valid[:, None, None, :, None]
+                increment = increment.sum(dim=3)
+                increment = increment.sum(dim=2) if self.gqa_reduce == "sum" else increment.mean(dim=2)
+            if layer.in_prefill:
+                self._select_prompt(layer, increment)
+            else:
+                if increment is not None:
+                    layer.scores += increment
+                self._evict_one(layer)
+            self.score_work.add(self.step, elements, elements * self.score_flops_per_element,
+                                layer.positions.numel() if self.evicts else 0)
+        if self._observers:
+            event = StepEvent(self.step, layer.layer_idx, layer.kept_positions(), layer.tokens_held())
+            for fn in self._observers:
+                fn(event)
+
+    def _select_prompt(self, layer, prompt_scores: torch.Tensor | None) -> None:
+        """Keep the last w real tokens plus the top (k - w) of the others, per sequence and KV head."""
+        batch, heads, n = layer.keys.shape[:3]
+        positions = self.prompt_positions.to(layer.keys.device)
+        pos = positions.unsqueeze(1).expand(batch, heads, n)
+        ranking = self.priority(pos, prompt_scores).float()
+        lengths = self.prompt_lengths.to(pos.device).view(batch, 1, 1)
+        recent = pos >= lengths - self.recent.to(pos.device).view(batch, 1, 1)
+        ranking = torch.where(recent, math.inf, ranking)
+        ranking = torch.where(pos < 0, -math.inf, ranking)  # padding is never kept
+        kept = int(self.budget.max())
+        keep_idx = ranking.topk(kept, dim=-1).indices  # sorted: recent first, then by priority
+        keep_valid = torch.arange(kept, device=pos.device).view(1, kept) < self.budget.to(pos.device).view(batch, 1)
+        layer.compact(keep_idx, keep_valid, positions, prompt_scores, extra_slots=1)
+
+    def _evict_one(self, layer) -> None:
+        """Evict the lowest-priority token outside the recent window, one per (sequence, KV head)."""
+        if not self.evicts:
+            layer.free_slot = layer.free_slot + 1
+            return
+        pos = layer.positions
+        batch = pos.shape[0]
+        newest = self.current_position.to(pos.device).view(batch, 1, 1)
+        protected = pos > newest - self.recent.to(pos.device).view(batch, 1, 1)
+        ranking = self.priority(pos, layer.scores).float()
+        ranking = torch.where(protected | (pos < 0), math.inf, ranking)
+        layer.evict(ranking.argmin(dim=-1))

@@ -1,0 +1,340 @@
+"""Manual decode loop under a KV policy (gpt-fast style), a synthetic long-context state for timing, and
+the command line:
+
+    python -m keyformer.generate --model DIR --policy keyformer --cache-ratio 0.5 --prompt "Once upon" --json
+
+    state = prefill(model, policy, input_ids, attention_mask)   # applies the policy if it is not applied
+    decode_n_tokens(state, 31)                                  # state.tokens: (batch, 32) greedy tokens
+    state.close()                                               # or use `with prefill(...) as state:`
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from keyformer import compat, make_policy
+from keyformer.attention import attention_modules, install_slot_layers
+
+
+@dataclass
+class DecodeState:
+    """Everything a decode step needs; `tokens` are the greedy tokens so far (the first comes from the
+    prompt's logits), `logits` the last step's fp32 logits (batch, vocab)."""
+    model: torch.nn.Module
+    policy: object
+    cache: object
+    logits: torch.Tensor
+    next_token: torch.Tensor  # (batch, 1): the token the next decode step feeds
+    generated: list = field(default_factory=list)
+    step_s: list = field(default_factory=list)  # wall seconds per decode step
+    prefill_s: float = 0.0
+    cache_name: str = "cache"
+    _context: contextlib.ExitStack | None = None
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return torch.cat(self.generated, dim=1)
+
+    def close(self) -> None:
+        """Restore the model if `prefill` applied the policy itself."""
+        if self._context is not None:
+            self._context.close()
+            self._context = None
+
+    def __enter__(self) -> "DecodeState":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ensure_applied(model, policy) -> contextlib.ExitStack | None:
+    if policy._applied_to is model:
+        return None
+    stack = contextlib.ExitStack()
+    stack.enter_context(policy.apply(model))
+    return stack
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _greedy(state: DecodeState, logits: torch.Tensor) -> None:
+    state.logits = logits.float()
+    state.next_token = state.logits.argmax(dim=-1, keepdim=True)
+    state.generated.append(state.next_token)
+
+
+@torch.no_grad()
+def prefill(model, policy, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> DecodeState:
+    """Run the prompt with full attention, let the policy keep its budget, pick the first token greedily."""
+    context = _ensure_applied(model, policy)
+    cache_name = compat.cache_kwarg_name(model)
+    cache = compat.DynamicCache()
+    device = input_ids.device
+    _synchronize(device)
+    start = time.perf_counter()
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **{cache_name: cache})
+    except BaseException:
+        if context is not None:
+            context.close()
+        raise
+    _synchronize(device)
+    state = DecodeState(model, policy, cache, logits=out.logits[:, -1], next_token=input_ids[:, -1:],
+                        prefill_s=time.perf_counter() - start, cache_name=cache_name, _context=context)
+    _greedy(state, out.logits[:, -1])
+    return state
+
+
+@torch.no_grad()
+def decode_one_token(state: DecodeState) -> torch.Tensor:
+    """One decode step: feed the last token, attend over the k (+1) slots, evict one; returns the logits."""
+    device = state.next_token.device
+    _synchronize(device)
+    start = time.perf_counter()
+    out = state.model(input_ids=state.next_token, use_cache=True, **{state.cache_name: state.cache})
+    _synchronize(device)
+    state.step_s.append(time.perf_counter() - start)
+    _greedy(state, out.logits[:, -1])
+    return state.logits
+
+
+@torch.no_grad()
+def decode_n_tokens(state: DecodeState, n: int, eos_token_id: int | None = None) -> torch.Tensor:
+    """`n` greedy decode steps (fewer if every sequence emitted `eos_token_id`); returns the new tokens.
+
+    Keyformer's temperature schedule needs T, the number of generated tokens: when the policy leaves
+    `max_new_tokens` unset, T = tokens generated so far + n.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if getattr(state.policy, "max_new_tokens", 0) is None:
+        state.policy.max_new_tokens = len(state.generated) + n
+    done = torch.zeros(state.next_token.shape[0], dtype=torch.bool, device=state.next_token.device)
+    first = len(state.generated)
+    for _ in range(n):
+        if eos_token_id is not None:
+            done |= state.next_token.squeeze(-1) == eos_token_id
+            if bool(done.all()):
+                break
+        decode_one_token(state)
+    return torch.cat(state.generated[first:], dim=1) if len(state.generated) > first else state.next_token[:, :0]
+
+
+def kv_shape(model) -> tuple[int, int]:
+    """(KV heads, head dim) of the model's attention from its config."""
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_heads, head_dim
+
+
+@torch.no_grad()
+def synthetic_state(model, policy, batch: int, context_len: int, seed: int = 0,
+                    max_new_tokens: int = 128) -> DecodeState:
+    """The state a prefill of `context_len` tokens would leave, without running it: random K/V in the
+    model's dtype and device, the policy's budget k, kept positions (the recent window plus a random choice
+    of key tokens per head, as a selection would give) and random positive scores. `max_new_tokens` is
+    Keyformer's T when the policy leaves it unset. The policy stays applied until `state.close()`."""
+    if batch < 1 or context_len < 1:
+        raise ValueError(f"batch and context_len must be >= 1, got {batch} and {context_len}")
+    context = _ensure_applied(model, policy)
+    if getattr(policy, "max_new_tokens", 0) is None:
+        policy.max_new_tokens = max_new_tokens
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    kv_heads, head_dim = kv_shape(model)
+    n_layers = len(attention_modules(model))
+    policy.start_prompt(torch.ones(batch, context_len, dtype=torch.long))
+    cache = compat.DynamicCache()
+    install_slot_layers(policy, cache, n_layers)
+    held = int(policy.budget.max())
+    recent = int(policy.recent.max())
+    for layer in cache.layers:
+        if policy.evicts:
+            keys_part = torch.rand(batch, kv_heads, context_len - recent, generator=generator)
+            key_tokens = keys_part.topk(held - recent, dim=-1).indices.sort(dim=-1).values
+            window = torch.arange(context_len - recent, context_len).expand(batch, kv_heads, recent)
+            positions = torch.cat([key_tokens, window], dim=-1)
+        else:
+            positions = torch.arange(context_len).expand(batch, kv_heads, context_len)
+        slots = held + 1
+        layer.lazy_initialization(torch.empty(0, dtype=dtype, device=device), None)
+        layer.keys = torch.randn(batch, kv_heads, slots, head_dim, generator=generator).to(device, dtype)
+        layer.values = torch.randn(batch, kv_heads, slots, head_dim, generator=generator).to(device, dtype)
+        layer.positions = torch.cat([positions, torch.full((batch, kv_heads, 1), -1)], dim=-1).to(device)
+        layer.scores = torch.rand(batch, kv_heads, slots, generator=generator).to(device)
+        layer.scores[..., -1] = 0.0
+        layer.free_slot = torch.full((batch, kv_heads), held, dtype=torch.long, device=device)
+        layer.in_prefill = False
+    vocab = model.config.vocab_size
+    next_token = torch.randint(vocab, (batch, 1), generator=generator).to(device)
+    logits = torch.zeros(batch, vocab, device=device)
+    return DecodeState(model, policy, cache, logits=logits, next_token=next_token, generated=[next_token],
+                       cache_name=compat.cache_kwarg_name(model), _context=context)
+
+
+# ---- command line -----------------------------------------------------------------------------------------
+class UsageError(ValueError):
+    """A user mistake on the command line (exit code 2)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one `error: ...` line (exit 2), like every other user mistake."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n")
+
+
+def load_model(name: str, device: str):
+    """Model and tokenizer from a local folder (or an already cached hub name); never downloads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    looks_like_path = os.sep in name or name.startswith(".") or Path(name).exists()
+    if looks_like_path and not Path(name).is_dir():
+        raise UsageError(f"model directory {name} does not exist")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, attn_implementation="eager",
+                                                     dtype=torch.float32)
+    except Exception as exc:  # any loader failure is the user's model argument
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"cannot load model {name!r}: {reason}") from None
+    model.config.use_cache = True  # MptConfig defaults to False
+    model.generation_config.use_cache = True
+    return model.to(device).eval(), tokenizer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = OneLineParser(prog="python -m keyformer.generate",
+                                     description="Greedy generation under a KV-cache policy that physically evicts.")
+    parser.add_argument("--model", required=True, help="local model folder (or a name already in the HF cache)")
+    parser.add_argument("--policy", required=True, choices=["full", "window", "streaming", "h2o", "keyformer"])
+    parser.add_argument("--cache-ratio", type=float, required=True,
+                        help="KV budget as a fraction of the real prompt length (ignored by full)")
+    parser.add_argument("--recent-ratio", type=float, default=None,
+                        help="recent window as a fraction of the budget (h2o, keyformer; default 0.3)")
+    parser.add_argument("--noise", choices=["gumbel", "gaussian", "constant", "none"], default=None,
+                        help="keyformer's logit noise (default gumbel)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument("--prompt-file")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser.parse_args(argv)
+
+
+def policy_from_args(args: argparse.Namespace):
+    params = {}
+    if args.policy != "full":
+        params["cache_ratio"] = args.cache_ratio
+    elif not 0.0 < args.cache_ratio <= 1.0:
+        raise UsageError(f"--cache-ratio must be in (0, 1], got {args.cache_ratio}")
+    if args.recent_ratio is not None:
+        if args.policy not in ("h2o", "keyformer"):
+            raise UsageError(f"--recent-ratio applies to h2o and keyformer, not {args.policy}")
+        params["recent_ratio"] = args.recent_ratio
+    if args.noise is not None:
+        if args.policy != "keyformer":
+            raise UsageError(f"--noise applies to keyformer only, not {args.policy}")
+        params["noise"] = args.noise
+    if args.policy == "keyformer":
+        params.update(seed=args.seed, max_new_tokens=args.max_new_tokens)
+    try:
+        return make_policy(args.policy, **params)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UsageError(f"prompt file {path} does not exist")
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = args.prompt
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    policy = policy_from_args(args)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.model, args.device)
+    input_ids = tokenizer(text, return_tensors="pt").input_ids.to(args.device)
+    if input_ids.shape[1] == 0:
+        raise UsageError("the prompt encodes to no tokens")
+    max_positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "max_seq_len", None)
+    if max_positions and input_ids.shape[1] + args.max_new_tokens > max_positions:
+        raise UsageError(f"prompt ({input_ids.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceeds "
+                         f"the model's {max_positions} positions")
+    with prefill(model, policy, input_ids) as state:
+        decode_n_tokens(state, args.max_new_tokens - 1, eos_token_id=tokenizer.eos_token_id)
+        new_tokens = state.tokens[0].tolist()
+        if tokenizer.eos_token_id in new_tokens:
+            new_tokens = new_tokens[:new_tokens.index(tokenizer.eos_token_id)]
+        return {
+            "text": tokenizer.decode(new_tokens, skip_special_tokens=True),
+            "model": args.model,
+            "policy": policy.name,
+            "params": policy.params(),
+            "prompt_tokens": int(input_ids.shape[1]),
+            "generated_tokens": len(new_tokens),
+            "kv_budget": int(policy.budget[0]),
+            "recent_window": int(policy.recent[0]),
+            "kv_lengths": policy.kv_lengths(),
+            "kv_bytes": policy.kv_bytes(),
+            "prefill_s": state.prefill_s,
+            "decode_step_s": statistics.median(state.step_s) if state.step_s else None,
+            "decode_steps": len(state.step_s),
+            "score_flops": policy.score_work.flops,
+            "device": args.device,
+            "seed": args.seed,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "torch_threads": torch.get_num_threads(),
+            "transformers": compat.TRANSFORMERS_VERSION,
+        }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        result = run(args)
+    except (UsageError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # library-level refusals (unsupported architecture, bad budget, ...)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(result["text"])
+        print(f"[{result['policy']}: prompt {result['prompt_tokens']} tokens, budget {result['kv_budget']}, "
+              f"kv_lengths {result['kv_lengths']}, median decode step {result['decode_step_s']}]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

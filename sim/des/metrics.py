@@ -1,0 +1,140 @@
+"""Serving metrics, defined as vLLM's `benchmarks/benchmark_serving.py` defines them (docs/metrics.md).
+
+Per request i (times in seconds of simulated time):
+- TTFT  = first_token_i - arrival_i
+- E2E   = finish_i - arrival_i                                (vLLM: E2EL, "latency")
+- TPOT  = (E2E - TTFT) / (output_tokens_i - 1), only for requests with more than one output token
+- queue = first_scheduled_i - arrival_i                       (vLLM server metric "time in queue")
+ITL is pooled over all requests: every gap between two consecutive tokens of one request.
+Throughput over the makespan = last completion - first arrival (vLLM's benchmark duration):
+output tokens/s, requests/s, and total (prompt + output) tokens/s.
+Each distribution is reported as mean, p50, p90, p99 (numpy linear-interpolated percentiles, like vLLM).
+Only completed requests enter the statistics; dropped requests are counted separately.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .scheduler import DONE, DROPPED
+
+STAT_KEYS = ("mean", "p50", "p90", "p99")
+DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
+
+
+def summarize(values) -> dict[str, float | None]:
+    """mean, p50, p90, p99 of `values` (None for each when there are no values)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return {k: None for k in STAT_KEYS}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+@dataclass
+class ServeResult:
+    """Outcome of one serving simulation; `to_dict()` is what `sim.serve --json` prints."""
+
+    config: dict
+    completed: int
+    dropped: int
+    preemptions: int
+    ttft_s: dict
+    tpot_s: dict
+    itl_s: dict
+    e2e_s: dict
+    queue_s: dict
+    tokens_per_s: float          # output tokens / makespan
+    requests_per_s: float        # completed requests / makespan
+    total_tokens_per_s: float    # (prompt + output tokens of completed requests) / makespan
+    makespan_s: float
+    busy_fraction: float         # share of the makespan the accelerator was running a step
+    mean_batch: float            # time-weighted requests in a step (decodes + prefill chunks) while busy
+    max_batch_seen: int
+    mean_in_flight: float        # time-weighted requests admitted (holding KV memory) while busy
+    max_in_flight: int
+    steps: int
+    kv_capacity_bytes: float
+    peak_kv_bytes: float
+    mean_kv_bytes: float         # time-weighted over the makespan
+    weight_bytes: float
+    peak_memory_bytes: float     # weights + peak KV (+ the analytic model's activation workspace)
+    wall_s: float                # host seconds the simulation took
+    requests: pd.DataFrame = field(repr=False)
+    timeline: pd.DataFrame = field(repr=False)
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("requests", "timeline")}
+        drops = self.requests.loc[self.requests.dropped, "drop_reason"]
+        out["drop_reasons"] = drops.value_counts().to_dict()
+        return out
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_row(self) -> dict:
+        """Flat scalars (ttft_s_p99, ...) for one row of a sweep table."""
+        row = {}
+        for key, value in self.to_dict().items():
+            if key in DISTRIBUTIONS:
+                row.update({f"{key}_{stat}": value[stat] for stat in STAT_KEYS})
+            elif key not in ("config", "drop_reasons"):
+                row[key] = value
+        return row
+
+
+def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight_bytes: float,
+                 workspace_bytes: float, wall_s: float) -> ServeResult:
+    """Metrics of a finished simulation from the scheduler's per-request arrays and the step timeline."""
+    done = sched.status == DONE
+    dropped = sched.status == DROPPED
+    arrival, first, finish = sched.arrival, sched.first_token, sched.finish
+    ttft = first - arrival
+    e2e = finish - arrival
+    out_tokens = sched.output
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out_tokens > 1, (e2e - ttft) / (out_tokens - 1), np.nan)
+    queue = sched.first_scheduled - arrival
+    itl = np.concatenate(sched.itl_chunks) if sched.itl_chunks else np.zeros(0)
+
+    requests = pd.DataFrame({
+        "arrival_s": arrival, "prompt_tokens": sched.prompt, "output_tokens": out_tokens,
+        "first_scheduled_s": sched.first_scheduled, "first_token_s": first, "finish_s": finish,
+        "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue,
+        "preemptions": sched.preemptions, "completed": done, "dropped": dropped,
+        "drop_reason": [sched.drop_reason.get(i, "") for i in range(sched.n_requests)],
+    })
+    t, dt = timeline["t_s"], timeline["dt_s"]
+    kv_bytes = timeline["kv_blocks"] * sched.pool.block_bytes
+    batch, in_flight = timeline["batch"], timeline["in_flight"]
+    start = float(arrival.min())
+    end = float(np.nanmax(finish)) if done.any() else start
+    makespan = end - start
+    busy = float(dt.sum())
+    n_done = int(done.sum())
+    out_done = float(out_tokens[done].sum())
+    in_done = float(sched.prompt[done].sum())
+    rate = (lambda x: x / makespan) if makespan > 0 else (lambda x: float("nan"))
+    peak_kv = float(sched.pool.peak_blocks * sched.pool.block_bytes)
+    return ServeResult(
+        config=config, completed=n_done, dropped=int(dropped.sum()), preemptions=int(sched.total_preemptions),
+        ttft_s=summarize(ttft[done]), tpot_s=summarize(tpot[done]), itl_s=summarize(itl),
+        e2e_s=summarize(e2e[done]), queue_s=summarize(queue[done]),
+        tokens_per_s=rate(out_done), requests_per_s=rate(n_done), total_tokens_per_s=rate(in_done + out_done),
+        makespan_s=makespan, busy_fraction=busy / makespan if makespan > 0 else float("nan"),
+        mean_batch=float((batch * dt).sum() / busy) if busy > 0 else 0.0,
+        max_batch_seen=int(batch.max()) if len(batch) else 0,
+        mean_in_flight=float((in_flight * dt).sum() / busy) if busy > 0 else 0.0,
+        max_in_flight=int(in_flight.max()) if len(in_flight) else 0, steps=len(dt),
+        kv_capacity_bytes=float(sched.pool.capacity_bytes), peak_kv_bytes=peak_kv,
+        mean_kv_bytes=float((kv_bytes * dt).sum() / makespan) if makespan > 0 else 0.0,
+        weight_bytes=float(weight_bytes), peak_memory_bytes=float(weight_bytes + workspace_bytes + peak_kv),
+        wall_s=wall_s, requests=requests,
+        timeline=pd.DataFrame({"t_s": t, "dt_s": dt, "kv_bytes": kv_bytes, "batch": batch, "in_flight": in_flight,
+                               "decodes": timeline["decodes"], "prefill_tokens": timeline["prefill_tokens"],
+                               "waiting": timeline["waiting"]}),
+    )

@@ -1,0 +1,521 @@
+"""The analytic roofline engine: operator tables -> step times -> request latency, memory and capacity.
+
+Pure numpy. `evaluate(...)` takes arrays of design points (batch, beams, prompt, gen, cache ratio,
+recent ratio) for one (device, model, policy, dtypes, profile) and returns arrays of results; `predict`
+is that same path for one point plus the operator tables. Time per operator is
+    max(FLOPs / (peak * compute_eff(FLOPs)), bytes / (bw * bw_eff(bytes))) + launches * launch_overhead
+and a step adds the device's host overhead. docs/sim.md has the formulas and assumptions.
+
+Array layout inside: (points, decode-step nodes, layer slots). Layer slots is 1 (all layers alike,
+each op counted n_layers times) or n_layers (a trace's per-layer KV lengths via `kv_override`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hwmodels.dtypes import canonical_dtype, dtype_bytes
+from sim import kvlen
+from sim.models import ModelSpec, load_model
+from sim.ops import BYTE_FIELDS, FIELDS, SCORE_BYTES, Op, OpContext, dense_ops, forward_ops, group_ops
+from sim.profiles import CORE_OPS, Profile, get_profile
+
+DECODE_NODES = 9                # quadrature nodes over the decode steps when the KV length varies
+MAX_BATCH_LIMIT = 1 << 22       # search ceiling for max_batch (4M sequences)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Resolving names once per (device, model, policy, dtypes, profile)
+
+def resolve_device(hw):
+    if isinstance(hw, str):
+        try:
+            from hwmodels import load_device
+        except ImportError as exc:  # hwmodels not installed/complete: a setup problem, said in one line
+            raise ValueError(f"cannot load hardware {hw!r}: hwmodels.load_device unavailable ({exc})") from None
+        return load_device(hw)
+    return hw
+
+
+def activation_dtype(weight_dtype: str) -> str:
+    """Activations stay in bf16 for 16-bit and quantised weights; fp32 weights run fp32 activations."""
+    return "fp32" if weight_dtype == "fp32" else "bf16"
+
+
+@dataclass(frozen=True)
+class Setup:
+    hw: Any
+    model: ModelSpec
+    policy: str
+    weight_dtype: str
+    kv_dtype: str
+    act_dtype: str
+    profile: Profile
+    wb: float
+    kvb: float
+    ab: float
+    peak_gemm: float
+    peak_vector: float
+    host_s: float
+
+
+_SETUP_CACHE: dict = {}
+
+
+def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", profile="fused") -> Setup:
+    """Resolve names and dtypes once; cached, since the DES asks for the same setup every step."""
+    ident = lambda o: o if isinstance(o, str) else id(o)
+    key = (ident(hw), ident(model), policy, weight_dtype, kv_dtype, ident(profile))
+    hit = _SETUP_CACHE.get(key)
+    if hit is not None and (isinstance(hw, str) or hit[1] is hw) and (isinstance(model, str) or hit[2] is model):
+        return hit[0]
+    hw_obj, model_obj = resolve_device(hw), load_model(model)
+    wd, kd = canonical_dtype(weight_dtype), canonical_dtype(kv_dtype)
+    ad = activation_dtype(wd)
+    prof = get_profile(profile)
+    setup = Setup(hw=hw_obj, model=model_obj, policy=kvlen.check_policy(policy), weight_dtype=wd, kv_dtype=kd,
+                  act_dtype=ad, profile=prof, wb=dtype_bytes(wd), kvb=dtype_bytes(kd), ab=dtype_bytes(ad),
+                  peak_gemm=float(hw_obj.peak_flops(wd)), peak_vector=float(hw_obj.peak_flops(ad)),
+                  host_s=float(hw_obj.host_overhead_s) + prof.extra_host_overhead_s)
+    if len(_SETUP_CACHE) > 4096:
+        _SETUP_CACHE.clear()
+    _SETUP_CACHE[key] = (setup, hw, model)    # holding hw/model keeps their ids valid
+    return setup
+
+
+def make_ctx(s: Setup, phase, batch, beams, new_tokens, past_tokens, cache_ratio=1.0, recent_ratio=0.3,
+             completes_prompt=True) -> OpContext:
+    return OpContext(model=s.model, policy=s.policy, phase=phase, batch=batch, beams=beams, rows=batch * beams,
+                     new_tokens=new_tokens, past_tokens=past_tokens, cache_ratio=cache_ratio,
+                     recent_ratio=recent_ratio, weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype,
+                     act_dtype=s.act_dtype, wb=s.wb, kvb=s.kvb, ab=s.ab, profile=s.profile,
+                     completes_prompt=completes_prompt)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Timing a list of operators
+
+def _stack(values) -> np.ndarray:
+    """(n_ops, *broadcast shape) float array from scalars and/or arrays."""
+    if all(isinstance(v, (int, float)) for v in values):
+        return np.array(values, dtype=float)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in values))
+    out = np.empty((len(values), *shape))
+    for i, v in enumerate(values):
+        out[i] = v                                  # broadcasting assignment: no temporaries
+    return out
+
+
+@dataclass
+class TimedOps:
+    """Per-op arrays (n_ops, *shape): totals over the layers of one step, and the step time."""
+    names: list
+    fields: dict          # FIELDS -> (n_ops, *shape), summed over layers
+    t_compute: np.ndarray
+    t_memory: np.ndarray
+    time: np.ndarray      # per op, including launch overhead
+    step_time: np.ndarray  # (*shape): sum over ops + host overhead
+
+
+def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1) -> TimedOps:
+    """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1."""
+    hw, n_layers = s.hw, s.model.n_layers
+    flops = _stack([op.flops for op in ops])
+    byte_parts = {f: _stack([getattr(op, f) for op in ops]) for f in BYTE_FIELDS}
+    nbytes = byte_parts["weight_bytes"] + byte_parts["act_bytes"] + byte_parts["kv_read_bytes"] + byte_parts["kv_write_bytes"]
+    flops, nbytes = np.broadcast_arrays(flops, nbytes)
+    extra = (1,) * (flops.ndim - 1)
+    gemm = np.array([op.gemm for op in ops]).reshape(-1, *extra)
+    peak = np.where(gemm, s.peak_gemm, s.peak_vector)      # peaks may be per-point arrays (mixed dtypes)
+    launches = np.array([op.launches for op in ops]).reshape(-1, *extra)
+    # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
+    mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
+    t_compute = flops / (peak * hw.compute_efficiency(np.maximum(flops, 1.0)))
+    t_memory = nbytes / (hw.memory_bw * hw.bw_efficiency(np.maximum(nbytes, 1.0)))
+    per_op = (np.maximum(t_compute, t_memory) + launches * hw.launch_overhead_s) * mult
+    fields = {"flops": flops * mult, **{f: np.broadcast_to(v, flops.shape) * mult for f, v in byte_parts.items()}}
+    t_compute, t_memory = t_compute * mult, t_memory * mult
+    if layer_slots > 1:   # collapse the layer axis: totals over the step
+        per_op, t_compute, t_memory = per_op.sum(-1), t_compute.sum(-1), t_memory.sum(-1)
+        fields = {f: v.sum(-1) for f, v in fields.items()}
+    return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s)
+
+
+def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
+    """time_ops(...).step_time for scalar ops: one call per efficiency curve, the rest in plain
+    Python floats (the DES hot path: numpy's per-call overhead dominates at a dozen elements)."""
+    hw = s.hw
+    flops = [float(op.flops) for op in ops]
+    nbytes = [float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops]
+    c_eff = hw.compute_efficiency(np.maximum(flops, 1.0)).tolist()
+    b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0)).tolist()
+    bw, launch, n_layers = hw.memory_bw, hw.launch_overhead_s, s.model.n_layers
+    total = s.host_s if host else 0.0
+    for op, f, b, ce, be in zip(ops, flops, nbytes, c_eff, b_eff):
+        peak = s.peak_gemm if op.gemm else s.peak_vector
+        t = max(f / (peak * ce), b / (bw * be)) + op.launches * launch
+        total += t * n_layers if op.per_layer else t
+    return total
+
+
+_DENSE_MEMO: dict = {}
+
+
+def _dense_time(s: Setup, rows: float, beams: float, tokens_per_row: float) -> float:
+    """Dense-op time depends only on the token and row counts, which repeat step after step in a DES."""
+    key = (id(s), rows, beams, tokens_per_row)
+    hit = _DENSE_MEMO.get(key)
+    if hit is None or hit[1] is not s:
+        if len(_DENSE_MEMO) > 65536:
+            _DENSE_MEMO.clear()
+        hit = _DENSE_MEMO[key] = (step_time_scalar(s, dense_ops(make_ctx(s, "prefill", rows / beams, beams,
+                                                                                 tokens_per_row, 0.0)), host=False), s)
+    return hit[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Step-level entries used by the DES (scalars in, float out; keep them cheap)
+
+def decode_step_time(hw, model, kv_tokens, *, weight_dtype="bf16", kv_dtype="bf16", policy="full",
+                     profile="fused", beams=1, recent_ratio=0.3) -> float:
+    """One decode step for a batch whose request i holds kv_tokens[i] cached tokens per KV head
+    (mean over layers). Attention cost follows the total kept tokens (one batched kernel)."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    kv = kv_tokens if isinstance(kv_tokens, np.ndarray) else np.asarray(kv_tokens, dtype=float)
+    if kv.size == 0:
+        return 0.0
+    beams = float(beams)
+    ctx = make_ctx(s, "decode", float(kv.size), beams, 1.0, float(kv.mean()), recent_ratio=float(recent_ratio))
+    return _dense_time(s, ctx.rows, beams, 1.0) + step_time_scalar(s, group_ops(ctx))
+
+
+def _chunk_groups(s: Setup, chunks, beams, cache_ratio, recent_ratio):
+    groups = []
+    for chunk in chunks:
+        if len(chunk) not in (2, 3):
+            raise ValueError(f"prefill chunk must be (new_tokens, past_tokens[, completes_prompt]), got {chunk!r}")
+        new, past = float(chunk[0]), float(chunk[1])
+        if new <= 0 or past < 0:
+            raise ValueError(f"prefill chunk needs new_tokens > 0 and past_tokens >= 0, got {chunk!r}")
+        completes = bool(chunk[2]) if len(chunk) == 3 else True
+        groups.append(make_ctx(s, "prefill", 1.0, float(beams), new, past, cache_ratio, recent_ratio, completes))
+    return groups
+
+
+def mixed_step_time(hw, model, decode_kv_tokens, chunks, *, weight_dtype="bf16", kv_dtype="bf16",
+                    policy="full", profile="fused", beams=1, cache_ratio=1.0, recent_ratio=0.3) -> float:
+    """One step running decodes (request i holds decode_kv_tokens[i] tokens) and prefill chunks
+    `(new_tokens, past_tokens[, completes_prompt])` together: the dense layers see all tokens at once,
+    attention and policy ops run per group. A chunk completing its prompt (default) pays the policy's
+    selection and compaction."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    kv = np.asarray(decode_kv_tokens if decode_kv_tokens is not None else [], dtype=float).ravel()
+    groups = _chunk_groups(s, chunks, beams, cache_ratio, recent_ratio)
+    if kv.size:
+        groups.append(make_ctx(s, "decode", float(kv.size), float(beams), 1.0, float(kv.mean()),
+                               recent_ratio=float(recent_ratio)))
+    if not groups:
+        return 0.0
+    # dense ops depend on rows * new_tokens (tokens through the weights) and rows (logit rows)
+    tokens = sum(g.rows * g.new_tokens for g in groups)
+    logit_rows = sum(g.rows for g in groups)
+    dense = _dense_time(s, logit_rows, float(beams), tokens / logit_rows)
+    return dense + step_time_scalar(s, [op for g in groups for op in group_ops(g)])
+
+
+def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", policy="full", profile="fused",
+                 beams=1, cache_ratio=1.0, recent_ratio=0.3) -> float:
+    """Prefill of chunks `(new_tokens, past_tokens[, completes_prompt])` in one step."""
+    return mixed_step_time(hw, model, None, chunks, weight_dtype=weight_dtype, kv_dtype=kv_dtype, policy=policy,
+                           profile=profile, beams=beams, cache_ratio=cache_ratio, recent_ratio=recent_ratio)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Memory and capacity
+
+def _memory(s: "Setup", rows, kv_tokens, prompt):
+    """memory_bytes with resolved setup (dtype widths may be per-point arrays)."""
+    m, prof = s.model, s.profile
+    kv = rows * kv_tokens * (2 * m.n_layers * m.n_kv_heads * m.head_dim) * s.kvb
+    # policies with accumulated scores keep one fp32 score per kept token, KV head and layer
+    scores = rows * kv_tokens * (m.n_layers * m.n_kv_heads * SCORE_BYTES) if s.policy in kvlen.SCORED else 0.0
+    # one layer's activations live at a time: residual, normed input, q/k/v, MLP intermediate
+    act_per_token = (3 * m.d_model + (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+                     + (2 if m.gated_mlp else 1) * m.d_ff) * s.ab
+    prefill_tokens = rows * prompt
+    if prof.prefill_chunk_tokens is not None:
+        prefill_tokens = np.minimum(prefill_tokens, prof.prefill_chunk_tokens)
+    workspace = prefill_tokens * act_per_token + rows * (m.vocab_size * SCORE_BYTES)
+    extra = prof.extra_memory_bytes(s, rows, kv_tokens, prompt) if prof.extra_memory_bytes is not None else 0.0
+    return m.n_params() * s.wb + kv + scores + workspace + extra
+
+
+def memory_bytes(model, batch, kv_tokens, *, prompt, beams=1, kv_dtype="bf16", weight_dtype="bf16",
+                 policy="full", profile="fused", hw=None):
+    """Peak device memory: weights + KV (rows x kv_tokens) + score state + prefill workspace + logits
+    (+ the profile's own buffers). `kv_tokens` is the most tokens a KV head holds at once
+    (sim.kvlen.peak_kv_tokens). `hw` only matters to profiles whose buffers depend on the device."""
+    s = make_setup(hw if hw is not None else _NO_DEVICE, model, policy, weight_dtype, kv_dtype, profile)
+    rows = np.asarray(batch, float) * np.asarray(beams, float)
+    return _memory(s, rows, np.asarray(kv_tokens, float), np.asarray(prompt, float))
+
+
+def _max_batch(s: "Setup", prompt, beams, peak_tokens):
+    """Largest batch whose peak memory fits; 0 when not even one request fits.
+
+    Memory grows monotonically with the batch, so a vectorised bisection finds it for any profile."""
+    cap = float(s.hw.memory_bytes)
+    shape = np.broadcast_shapes(np.shape(prompt), np.shape(beams), np.shape(peak_tokens), np.shape(s.wb), np.shape(s.kvb))
+    fits = lambda b: _memory(s, b * beams, peak_tokens, prompt) <= cap
+    lo = np.zeros(shape)
+    hi = np.full(shape, float(MAX_BATCH_LIMIT) + 1)
+    for _ in range(int(math.log2(MAX_BATCH_LIMIT)) + 2):
+        mid = np.floor((lo + hi) / 2)
+        ok = fits(np.maximum(mid, 1))
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid)
+    return np.where(fits(np.ones(shape)), lo, 0).astype(np.int64)
+
+
+def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
+              weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
+    """Largest batch (requests) whose peak memory fits the device; 0 when not even one fits."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    peak_tokens = (kvlen.peak_kv_tokens(policy, prompt, gen, cache_ratio) if kv_peak_tokens is None
+                   else np.asarray(kv_peak_tokens, float))
+    return _max_batch(s, np.asarray(prompt, float), np.asarray(beams, float), peak_tokens)
+
+
+class _NoDevice:
+    """Stands in for a device where only memory is computed (no timing)."""
+    name, memory_bytes, memory_bw, launch_overhead_s, host_overhead_s = "none", math.inf, 1.0, 0.0, 0.0
+
+    @staticmethod
+    def peak_flops(dtype):
+        return 1.0
+
+
+_NO_DEVICE = _NoDevice()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Request-level latency over many points
+
+def decode_nodes(policy: str, gen, kv_override=None):
+    """Decode steps to evaluate and their weights for the mean over T = gen - 1 steps.
+
+    Evicting policies hold a constant length (one node). Full attention grows linearly: trapezoid
+    over DECODE_NODES evenly spaced steps plus the Euler-Maclaurin end correction, which matches the
+    exact per-step sum within 0.5% (tests/sim/test_engine.py checks it)."""
+    steps = np.maximum(np.asarray(gen, float) - 1.0, 0.0)[..., None]          # T, shape (P, 1)
+    if kv_override is not None:
+        t = int(steps.max())
+        idx = np.arange(max(t, 1), dtype=float)[None, :]
+        return idx, np.full((1, idx.shape[1]), 1.0 / max(t, 1))
+    m = DECODE_NODES if policy == "full" else 1
+    if m == 1:
+        return np.zeros_like(steps), np.ones_like(steps)
+    j = np.arange(m, dtype=float)[None, :]
+    last = np.maximum(steps - 1.0, 0.0)
+    s = last * j / (m - 1)
+    h = last / (m - 1)
+    w = np.where((j == 0) | (j == m - 1), h / 2 + 0.5, h)
+    return s, w / np.maximum(steps, 1.0)
+
+
+def _check_override(kv_override, gen: int, n_layers: int) -> np.ndarray:
+    arr = np.asarray(kv_override, dtype=float)
+    t = max(int(gen) - 1, 1)
+    if arr.ndim != 2 or arr.shape[1] != n_layers or arr.shape[0] < t:
+        raise ValueError(f"kv_override must have shape (gen+1, n_layers) = ({gen + 1}, {n_layers}), got {arr.shape}")
+    if not np.all(np.isfinite(arr)) or (arr < 0).any():
+        raise ValueError("kv_override must hold finite, non-negative token counts")
+    return arr[:t]
+
+
+def _drop_layer_axis(t: TimedOps) -> TimedOps:
+    """(ops, P, nodes, 1) -> (ops, P, nodes) when all layers are alike."""
+    if t.time.ndim != 4:
+        return t
+    return TimedOps(t.names, {f: v[..., 0] for f, v in t.fields.items()}, t.t_compute[..., 0], t.t_memory[..., 0],
+                    t.time[..., 0], t.step_time[..., 0])
+
+
+def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False):
+    """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,)."""
+    col = lambda a: np.asarray(a, float)[:, None, None]                      # (P, 1, 1)
+    b, k, n, p, r = col(batch), col(beams), col(prompt), col(cache_ratio), col(recent_ratio)
+    per_point = {f: col(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector") if np.ndim(getattr(s, f))}
+    if per_point:                                                            # mixed dtypes: widths per point
+        s = replace(s, **per_point)
+    pre = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r))))
+    ttft = pre.step_time[:, 0]
+    nodes, weights = decode_nodes(s.policy, gen, kv_override)                # (P or 1, nodes)
+    if kv_override is None:
+        past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0])[..., None], 1
+    else:
+        past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
+    dec = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", b, k, 1.0, past, p, r)), layer_slots=slots))
+    t_steps = np.maximum(np.asarray(gen, float) - 1.0, 0.0)
+    mean = lambda a: (a * weights).sum(-1)                                   # over decode-step nodes
+    tpot = np.where(t_steps > 0, mean(dec.step_time), 0.0)
+    tm, tc = mean(dec.t_memory.sum(0)), mean(dec.t_compute.sum(0))
+    out = dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot,
+               decode_memory_time_s=tm, decode_compute_time_s=tc,
+               decode_kv_read_bytes=mean(dec.fields["kv_read_bytes"].sum(0)),
+               decode_bound=np.where(tm >= tc, "memory", "compute"))
+    if keep_ops:
+        out.update(_prefill=pre, _decode=dec, _weights=weights)
+    return out
+
+
+def _per_point_dtypes(s: Setup, weight_dtype, kv_dtype, n: int) -> Setup:
+    """A Setup whose dtype widths and peaks are per-point arrays, when the points mix dtypes."""
+    if isinstance(weight_dtype, str) and isinstance(kv_dtype, str):
+        return s
+    hw = s.hw
+
+    def per_point(values, fn):
+        arr = np.broadcast_to(np.asarray(values, dtype=object), (n,)).astype(str)
+        uniq, inverse = np.unique(arr, return_inverse=True)
+        return np.array([fn(canonical_dtype(u)) for u in uniq], dtype=float)[inverse]
+
+    return replace(s, weight_dtype="mixed" if not isinstance(weight_dtype, str) else s.weight_dtype,
+                   kv_dtype="mixed" if not isinstance(kv_dtype, str) else s.kv_dtype, act_dtype="mixed",
+                   wb=per_point(weight_dtype, dtype_bytes), kvb=per_point(kv_dtype, dtype_bytes),
+                   ab=per_point(weight_dtype, lambda d: dtype_bytes(activation_dtype(d))),
+                   peak_gemm=per_point(weight_dtype, hw.peak_flops),
+                   peak_vector=per_point(weight_dtype, lambda d: hw.peak_flops(activation_dtype(d))))
+
+
+def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_ratio=0.3, beams=1,
+             kv_dtype="bf16", weight_dtype="bf16", profile="fused", kv_override=None, with_capacity=True,
+             _keep_ops=False) -> dict:
+    """All results for arrays of points sharing (device, model, policy, profile).
+
+    Every numeric argument may be an array (broadcast together); `kv_dtype` and `weight_dtype` may be
+    a name or an array of names, one per point."""
+    arrays = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, float)) for v in
+                                   (batch, beams, prompt, gen, cache_ratio, recent_ratio)))
+    batch, beams, prompt, gen, cache_ratio, recent_ratio = arrays
+    first = lambda d: d if isinstance(d, str) else str(np.asarray(d, dtype=object).ravel()[0])
+    s = make_setup(hw, model, policy, first(weight_dtype), first(kv_dtype), profile)
+    s = _per_point_dtypes(s, weight_dtype, kv_dtype, batch.size)
+    _validate_points(batch, beams, prompt, gen, cache_ratio, recent_ratio)
+    if kv_override is not None:
+        if batch.size != 1:
+            raise ValueError("kv_override applies to a single design point")
+        kv_override = _check_override(kv_override, int(gen[0]), s.model.n_layers)
+        peak_tokens = np.array([max(prompt[0], kv_override.mean(axis=1).max() + 1.0)])
+    else:
+        peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio)
+    out = _latency(s, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, keep_ops=_keep_ops)
+    out["tokens_per_s"] = batch * gen / out["e2e_s"]
+    m = s.model
+    out["kv_bytes_per_token"] = np.broadcast_to(2.0 * m.n_layers * m.n_kv_heads * m.head_dim * s.kvb, batch.shape)
+    out["weight_bytes"] = np.broadcast_to(m.n_params() * s.wb, batch.shape)
+    out["peak_kv_tokens"] = peak_tokens
+    out["peak_memory_bytes"] = _memory(s, batch * beams, peak_tokens, prompt)
+    out["fits"] = out["peak_memory_bytes"] <= float(s.hw.memory_bytes)
+    if with_capacity:
+        mb = _max_batch(s, prompt, beams, peak_tokens)
+        out["max_batch"] = mb
+        at_max = _latency(s, np.maximum(mb, 1), beams, prompt, gen, cache_ratio, recent_ratio, kv_override)
+        out["max_batch_tokens_per_s"] = np.where(mb > 0, mb * gen / at_max["e2e_s"], 0.0)
+        out["max_batch_tpot_s"] = np.where(mb > 0, at_max["tpot_s"], np.nan)
+    return out
+
+
+def _validate_points(batch, beams, prompt, gen, cache_ratio, recent_ratio):
+    checks = [(batch >= 1, "batch must be >= 1"), (beams >= 1, "beams must be >= 1"),
+              (prompt >= 1, "prompt must be >= 1 token"), (gen >= 1, "gen must be >= 1 token"),
+              ((cache_ratio > 0) & (cache_ratio <= 1), "cache ratio must be in (0, 1]"),
+              ((recent_ratio >= 0) & (recent_ratio <= 1), "recent ratio must be in [0, 1]")]
+    for ok, message in checks:
+        if not np.all(ok):
+            raise ValueError(message)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One point with its operator tables
+
+TABLE_COLUMNS = ["op", *FIELDS, "intensity", "bound", "time_s"]
+
+
+def _table(timed: TimedOps, index, weights=None) -> pd.DataFrame:
+    """Operator table of one point; `weights` averages over decode-step nodes."""
+    def pick(a):
+        a = a[(slice(None),) + index]
+        return (a * weights).sum(-1) if weights is not None else a
+    data = {"op": timed.names, **{f: pick(timed.fields[f]) for f in FIELDS}}
+    df = pd.DataFrame(data)
+    total_bytes = df[list(BYTE_FIELDS)].sum(axis=1)
+    df["intensity"] = np.where(total_bytes > 0, df["flops"] / total_bytes.where(total_bytes > 0, 1), np.inf)
+    tc, tm = pick(timed.t_compute), pick(timed.t_memory)
+    df["bound"] = np.where(tc >= tm, "compute", "memory")
+    df["time_s"] = pick(timed.time)
+    df = df.groupby("op", sort=False, as_index=False).agg(
+        {**{f: "sum" for f in FIELDS}, "intensity": "first", "bound": "first", "time_s": "sum"})[TABLE_COLUMNS]
+    # data-flow order for reading; a profile's extra ops follow the core ones
+    order = {name: i for i, name in enumerate(CORE_OPS)}
+    return df.sort_values("op", key=lambda c: c.map(lambda n: order.get(n, len(order))), kind="stable",
+                          ignore_index=True)
+
+
+@dataclass
+class Prediction:
+    inputs: dict
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    tokens_per_s: float
+    peak_memory_bytes: float
+    max_batch: int
+    max_batch_tokens_per_s: float
+    prefill_ops: pd.DataFrame
+    decode_ops: pd.DataFrame      # rows for step in {first, mean, last}; column "step"
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        keys = ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s")
+        return {k: getattr(self, k) for k in keys}
+
+    def to_dict(self) -> dict:
+        return {**self.inputs, **self.summary(), **self.extra}
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+
+def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3, kv_dtype="bf16",
+            weight_dtype="bf16", profile="fused", kv_override=None, beams=1) -> Prediction:
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    r = evaluate(s.hw, s.model, s.policy, batch=batch, prompt=prompt, gen=gen, cache_ratio=cache_ratio,
+                 recent_ratio=recent_ratio, beams=beams, kv_dtype=s.kv_dtype, weight_dtype=s.weight_dtype,
+                 profile=s.profile, kv_override=kv_override, _keep_ops=True)
+    pre, dec, weights = r["_prefill"], r["_decode"], r["_weights"]
+    prefill_ops = _table(pre, (0, 0))
+    last = weights.shape[-1] - 1
+    tables = []
+    for label, index, w in (("first", (0, 0), None), ("mean", (0, slice(None)), weights[0]), ("last", (0, last), None)):
+        t = _table(dec, index, w)
+        t.insert(0, "step", label)
+        tables.append(t)
+    inputs = dict(hw=s.hw.name, model=s.model.name, batch=int(batch), beams=int(beams), prompt=int(prompt), gen=int(gen),
+                  policy=s.policy, cache_ratio=float(cache_ratio), recent_ratio=float(recent_ratio),
+                  kv_dtype=s.kv_dtype, weight_dtype=s.weight_dtype, profile=s.profile.name,
+                  kv_source="trace" if kv_override is not None else "formula")
+    extra = dict(decode_bound=str(r["decode_bound"][0]), kv_bytes_per_token=float(r["kv_bytes_per_token"][0]),
+                 peak_kv_tokens=float(r["peak_kv_tokens"][0]), weight_bytes=float(s.model.weight_bytes(s.weight_dtype)),
+                 decode_kv_read_bytes=float(r["decode_kv_read_bytes"][0]), fits=bool(r["fits"][0]),
+                 device_memory_bytes=float(s.hw.memory_bytes))
+    return Prediction(inputs=inputs, ttft_s=float(r["ttft_s"][0]), tpot_s=float(r["tpot_s"][0]),
+                      e2e_s=float(r["e2e_s"][0]), tokens_per_s=float(r["tokens_per_s"][0]),
+                      peak_memory_bytes=float(r["peak_memory_bytes"][0]), max_batch=int(r["max_batch"][0]),
+                      max_batch_tokens_per_s=float(r["max_batch_tokens_per_s"][0]),
+                      prefill_ops=prefill_ops, decode_ops=pd.concat(tables, ignore_index=True), extra=extra)

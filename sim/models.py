@@ -1,0 +1,201 @@
+"""Transformer shapes the simulator needs, read from Hugging Face `config.json` files.
+
+`load_model("llama-3-8b")` reads a shipped config (sim/models/<name>.json, HF format plus a "_source"
+note); `load_model("path/to/config.json")` or `load_model("path/to/model_folder")` reads any HF config of
+a supported model type. Each model type names its fields differently; `_READERS` maps them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hwmodels.dtypes import dtype_bytes
+
+MODELS_DIR = Path(__file__).with_name("models")
+POSITIONAL = ("rope", "alibi", "learned")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    model_type: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    gated_mlp: bool
+    tied_embeddings: bool
+    positional: str
+    max_positions: int | None
+    source: str = ""
+
+    def __post_init__(self):
+        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model {self.name}: {field} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model {self.name}: n_heads={self.n_heads} is not a multiple of "
+                             f"n_kv_heads={self.n_kv_heads}")
+        if self.positional not in POSITIONAL:
+            raise ValueError(f"model {self.name}: positional must be one of {POSITIONAL}, got {self.positional!r}")
+
+    @property
+    def attention(self) -> str:
+        """MHA, GQA or MQA: how many query heads share one KV head."""
+        if self.n_kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.n_kv_heads == 1 else "GQA"
+
+    # --- parameter counts (biases ignored: < 0.1% of any model here) ---
+    def attn_params_per_layer(self) -> int:
+        q_and_out = 2 * self.d_model * self.n_heads * self.head_dim
+        k_and_v = 2 * self.d_model * self.n_kv_heads * self.head_dim
+        return q_and_out + k_and_v
+
+    def mlp_params_per_layer(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.d_model * self.d_ff
+
+    def embedding_params(self) -> int:
+        learned_pos = self.max_positions * self.d_model if self.positional == "learned" and self.max_positions else 0
+        return self.vocab_size * self.d_model + learned_pos
+
+    def lm_head_params(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab_size * self.d_model
+
+    def n_params(self) -> int:
+        per_layer = self.attn_params_per_layer() + self.mlp_params_per_layer() + 2 * self.d_model  # 2 norms
+        return self.n_layers * per_layer + self.embedding_params() + self.lm_head_params() + self.d_model
+
+    def weight_bytes(self, dtype: str = "bf16") -> float:
+        return self.n_params() * dtype_bytes(dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
+        """Bytes of K and V for one token, all layers, one sequence."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- one reader per HF model type: config dict -> ModelSpec keyword arguments ---
+
+def _req(cfg: dict, *names: str):
+    """First present, non-null field among `names` (HF renamed some fields across versions)."""
+    for name in names:
+        if cfg.get(name) is not None:
+            return cfg[name]
+    raise KeyError(" or ".join(names))
+
+
+def _gpt2(c):  # also Cerebras-GPT
+    d = _req(c, "n_embd", "hidden_size")
+    return dict(n_layers=_req(c, "n_layer", "num_hidden_layers"), d_model=d, n_heads=_req(c, "n_head"),
+                d_ff=c.get("n_inner") or 4 * d, vocab_size=_req(c, "vocab_size"), gated_mlp=False,
+                tied=c.get("tie_word_embeddings", True), positional="learned",
+                max_positions=_req(c, "n_positions", "n_ctx"))
+
+
+def _gptj(c):
+    d = _req(c, "n_embd", "hidden_size")
+    return dict(n_layers=_req(c, "n_layer"), d_model=d, n_heads=_req(c, "n_head"), d_ff=c.get("n_inner") or 4 * d,
+                vocab_size=_req(c, "vocab_size"), gated_mlp=False, tied=c.get("tie_word_embeddings", False),
+                positional="rope", max_positions=_req(c, "n_positions"))
+
+
+def _mpt(c):
+    d = _req(c, "d_model")
+    attn = c.get("attn_config") or {}
+    heads = _req(c, "n_heads")
+    kv_heads = attn.get("kv_n_heads") if attn.get("attn_type") in ("grouped_query_attention",) else None
+    if attn.get("attn_type") == "multiquery_attention":
+        kv_heads = 1
+    return dict(n_layers=_req(c, "n_layers"), d_model=d, n_heads=heads, n_kv_heads=kv_heads or heads,
+                d_ff=int(c.get("expansion_ratio", 4) * d), vocab_size=_req(c, "vocab_size"), gated_mlp=False,
+                tied=c.get("tie_word_embeddings", True), positional="alibi" if attn.get("alibi", True) else "learned",
+                max_positions=_req(c, "max_seq_len"))
+
+
+def _llama(c):  # llama, mistral, qwen2: gated SiLU MLP, RoPE, optional GQA
+    heads = _req(c, "num_attention_heads")
+    return dict(n_layers=_req(c, "num_hidden_layers"), d_model=_req(c, "hidden_size"), n_heads=heads,
+                n_kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim"),
+                d_ff=_req(c, "intermediate_size"), vocab_size=_req(c, "vocab_size"), gated_mlp=True,
+                tied=c.get("tie_word_embeddings", False), positional="rope",
+                max_positions=_req(c, "max_position_embeddings"))
+
+
+def _gpt_neox(c):
+    return dict(n_layers=_req(c, "num_hidden_layers"), d_model=_req(c, "hidden_size"),
+                n_heads=_req(c, "num_attention_heads"), d_ff=_req(c, "intermediate_size"),
+                vocab_size=_req(c, "vocab_size"), gated_mlp=False, tied=c.get("tie_word_embeddings", False),
+                positional="rope", max_positions=_req(c, "max_position_embeddings"))
+
+
+def _opt(c):
+    return dict(n_layers=_req(c, "num_hidden_layers"), d_model=_req(c, "hidden_size"),
+                n_heads=_req(c, "num_attention_heads"), d_ff=_req(c, "ffn_dim"), vocab_size=_req(c, "vocab_size"),
+                gated_mlp=False, tied=c.get("tie_word_embeddings", True), positional="learned",
+                max_positions=_req(c, "max_position_embeddings"))
+
+
+def _bloom(c):
+    d = _req(c, "hidden_size", "n_embed")
+    # BLOOM has no max-position field (ALiBi extrapolates); it was trained at seq_length 2048.
+    return dict(n_layers=_req(c, "n_layer", "num_hidden_layers"), d_model=d, n_heads=_req(c, "n_head", "num_attention_heads"),
+                d_ff=4 * d, vocab_size=_req(c, "vocab_size"), gated_mlp=False, tied=c.get("tie_word_embeddings", True),
+                positional="alibi", max_positions=c.get("seq_length", 2048))
+
+
+_READERS = {"gpt2": _gpt2, "gptj": _gptj, "mpt": _mpt, "llama": _llama, "mistral": _llama, "qwen2": _llama,
+            "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom}
+SUPPORTED_TYPES = tuple(_READERS)
+
+
+def spec_from_config(cfg: dict, name: str, where: str = "") -> ModelSpec:
+    """Build a ModelSpec from an HF config dict; ValueError naming the file and field otherwise."""
+    where = where or name
+    model_type = cfg.get("model_type")
+    if model_type not in _READERS:
+        raise ValueError(f"{where}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_TYPES)}")
+    try:
+        kw = _READERS[model_type](cfg)
+    except KeyError as missing:
+        raise ValueError(f"{where}: missing field {missing.args[0]} for model_type {model_type!r}") from None
+    n_heads, d_model = kw["n_heads"], kw["d_model"]
+    head_dim = kw.pop("head_dim", None) or (d_model // n_heads if isinstance(d_model, int) and isinstance(n_heads, int) else 0)
+    return ModelSpec(name=name, model_type=model_type, n_layers=kw["n_layers"], d_model=d_model, n_heads=n_heads,
+                     n_kv_heads=kw.get("n_kv_heads") or n_heads, head_dim=head_dim, d_ff=kw["d_ff"],
+                     vocab_size=kw["vocab_size"], gated_mlp=kw["gated_mlp"], tied_embeddings=bool(kw["tied"]),
+                     positional=kw["positional"], max_positions=kw["max_positions"], source=cfg.get("_source", where))
+
+
+def list_models() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def load_model(name_or_path) -> ModelSpec:
+    """A shipped name (see list_models()), a path to an HF config.json, or a folder holding one."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    key = str(name_or_path)
+    shipped = MODELS_DIR / f"{key.lower()}.json"
+    path = shipped if shipped.is_file() and "/" not in key else Path(key).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        if "/" in key or key.endswith(".json"):
+            raise FileNotFoundError(f"model config {path} not found")
+        raise ValueError(f"unknown model {key!r}; shipped: {', '.join(list_models())} (or give a path to a config.json)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    name = path.stem if path == shipped else (path.parent.name if path.name == "config.json" else path.stem)
+    return spec_from_config(cfg, name=name, where=str(path))

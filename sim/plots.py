@@ -1,0 +1,147 @@
+"""Sweep plots: one small panel per device, one line per policy, a fixed slice of the other axes.
+
+Each figure names its slice (model, batch, prompt + gen) in its title, so a reader never has to guess
+which points a line averages: none are averaged, every line is one slice of the table.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.cli import atomic_writer
+
+ENABLED = True
+# Policies often coincide (window and streaming move the same bytes; h2o and keyformer differ by the
+# noise FLOPs): distinct dash patterns and markers keep overlapping lines visible.
+POLICY_STYLE = {"full": ("black", "-"), "window": ("tab:gray", (0, (6, 3))), "streaming": ("tab:green", (0, (1, 2))),
+                "h2o": ("tab:blue", (0, (4, 2))), "keyformer": ("tab:red", "-")}
+MARKERS = {"full": ".", "window": "s", "streaming": "^", "h2o": "o", "keyformer": "x"}
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _panels(plt, n: int):
+    cols = min(4, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _slice(table: pd.DataFrame, **fixed) -> pd.DataFrame:
+    for col, value in fixed.items():
+        table = table[table[col] == value]
+    return table
+
+
+def _save(fig, plt, path: Path) -> Path:
+    fig.tight_layout()
+    atomic_writer(path, lambda p: fig.savefig(p, dpi=110))
+    plt.close(fig)
+    return path
+
+
+def _default_slice(table: pd.DataFrame) -> dict:
+    """The first model, the longest context, one beam width, the shared dtypes and profile."""
+    return dict(model=table["model"].iloc[0], prompt=table["prompt"].max(), gen=table["gen"].max(),
+                beams=table["beams"].min(), recent_ratio=table["recent_ratio"].iloc[0],
+                kv_dtype=table["kv_dtype"].iloc[0], weight_dtype=table["weight_dtype"].iloc[0],
+                profile=table["profile"].iloc[0])
+
+
+def _legend(axes):
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[0].legend(handles, labels, fontsize=7, loc="best")
+
+
+def latency_vs_cache_ratio(table: pd.DataFrame, path: Path, batch=None) -> Path:
+    plt = _pyplot()
+    fixed = _default_slice(table)
+    fixed["batch"] = batch if batch is not None else table["batch"].min()
+    t = _slice(table, **fixed)
+    devices = list(dict.fromkeys(table["hw"]))
+    fig, axes = _panels(plt, len(devices))
+    for ax, dev in zip(axes, devices):
+        d = t[t["hw"] == dev]
+        for policy, (color, style) in POLICY_STYLE.items():
+            p = d[d["policy"] == policy].sort_values("cache_ratio")
+            if len(p):
+                ax.plot(p["cache_ratio"], 1e3 * p["tpot_s"], color=color, ls=style, marker=MARKERS[policy], ms=4,
+                        mfc="none", label=policy)
+        ax.set_title(dev, fontsize=9)
+        ax.set_xlabel("cache ratio (KV budget / prompt)")
+        ax.set_ylabel("mean TPOT (ms)")
+        ax.grid(alpha=0.3)
+    _legend(axes)
+    fig.suptitle(f"Decode latency vs cache ratio: {fixed['model']}, batch {fixed['batch']}, "
+                 f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
+    return _save(fig, plt, path)
+
+
+def throughput_vs_batch(table: pd.DataFrame, path: Path, ratio: float = 0.5) -> Path:
+    plt = _pyplot()
+    fixed = _default_slice(table)
+    t = _slice(table, **fixed)
+    ratios = np.sort(t["cache_ratio"].unique())
+    near = ratios[np.abs(ratios - ratio).argmin()] if len(ratios) else ratio
+    devices = list(dict.fromkeys(table["hw"]))
+    fig, axes = _panels(plt, len(devices))
+    for ax, dev in zip(axes, devices):
+        d = t[(t["hw"] == dev) & ((t["cache_ratio"] == near) | (t["policy"] == "full"))]
+        for policy, (color, style) in POLICY_STYLE.items():
+            p = d[d["policy"] == policy].drop_duplicates("batch").sort_values("batch")
+            if len(p):
+                # points that do not fit in memory are left out (drawn as gaps)
+                ax.plot(p["batch"], p["tokens_per_s"].where(p["fits"]), color=color, ls=style, marker=MARKERS[policy],
+                        ms=4, mfc="none", label=policy)
+        ax.set_xscale("log", base=2)
+        ax.set_title(dev, fontsize=9)
+        ax.set_xlabel("batch (requests)")
+        ax.set_ylabel("tokens/s")
+        ax.grid(alpha=0.3)
+    _legend(axes)
+    fig.suptitle(f"Throughput vs batch (evicting policies at cache ratio {near:g}; gaps = out of memory): "
+                 f"{fixed['model']}, prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
+    return _save(fig, plt, path)
+
+
+def max_batch_throughput_vs_cache_ratio(table: pd.DataFrame, path: Path) -> Path:
+    plt = _pyplot()
+    fixed = _default_slice(table)
+    t = _slice(table, **fixed)
+    devices = list(dict.fromkeys(table["hw"]))
+    fig, axes = _panels(plt, len(devices))
+    for ax, dev in zip(axes, devices):
+        d = t[t["hw"] == dev]
+        for policy, (color, style) in POLICY_STYLE.items():
+            p = d[d["policy"] == policy].drop_duplicates("cache_ratio").sort_values("cache_ratio")
+            if len(p):
+                ax.plot(p["cache_ratio"], p["max_batch_tokens_per_s"], color=color, ls=style, marker=MARKERS[policy],
+                        ms=4, mfc="none", label=policy)
+        ax.set_title(dev, fontsize=9)
+        ax.set_xlabel("cache ratio (KV budget / prompt)")
+        ax.set_ylabel("tokens/s at max batch")
+        ax.grid(alpha=0.3)
+    _legend(axes)
+    fig.suptitle(f"Throughput at the largest batch that fits: {fixed['model']}, "
+                 f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
+    return _save(fig, plt, path)
+
+
+def sweep_plots(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    if not ENABLED or table.empty:
+        return []
+    out_dir = Path(out_dir)
+    return [latency_vs_cache_ratio(table, out_dir / "latency_vs_cache_ratio.png"),
+            throughput_vs_batch(table, out_dir / "throughput_vs_batch.png"),
+            max_batch_throughput_vs_cache_ratio(table, out_dir / "max_batch_throughput_vs_cache_ratio.png")]

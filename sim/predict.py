@@ -1,0 +1,170 @@
+"""`python -m sim.predict`: latency, throughput, memory and capacity of one design point.
+
+    python -m sim.predict --hw a100-80g-sxm --model mpt-7b --batch 1 --prompt 4096 --gen 4096 \\
+        --policy keyformer --cache-ratio 0.5 --beams 4 --kv-dtype fp16 --weight-dtype fp16 --breakdown
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+
+from hwmodels.dtypes import DTYPES, canonical_dtype
+from sim.cli import ArgumentParser, positive_int, run
+from sim.engine import Prediction, predict
+from sim.kvlen import POLICIES
+
+
+def ratio(text: str) -> float:
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return value
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m sim.predict", description=__doc__.split("\n")[0])
+    p.add_argument("--hw", required=True, help="device name (python -m hwmodels list) or hardware YAML file")
+    p.add_argument("--model", required=True, help="shipped model name or HF config.json / model folder")
+    p.add_argument("--batch", type=positive_int, default=1, help="requests decoded together (default 1)")
+    p.add_argument("--prompt", type=positive_int, required=True, help="prompt tokens per request")
+    p.add_argument("--gen", type=positive_int, required=True, help="generated tokens per request")
+    p.add_argument("--policy", choices=POLICIES, default="full")
+    p.add_argument("--cache-ratio", type=ratio, default=1.0, help="KV budget as a fraction of the prompt, (0, 1]")
+    p.add_argument("--recent-ratio", type=ratio, default=0.3, help="recent window as a fraction of the budget, [0, 1]")
+    p.add_argument("--kv-dtype", default="bf16", help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("--weight-dtype", default="bf16", help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("--profile", default="fused", help="software-stack profile (default fused)")
+    p.add_argument("--beams", type=positive_int, default=1, help="beam width: multiplies KV and batch rows")
+    p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--breakdown", action="store_true", help="print the per-operator tables")
+    return p
+
+
+def check_args(a) -> None:
+    if not 0 < a.cache_ratio <= 1:
+        raise ValueError(f"--cache-ratio must be in (0, 1], got {a.cache_ratio}")
+    if not 0 <= a.recent_ratio <= 1:
+        raise ValueError(f"--recent-ratio must be in [0, 1], got {a.recent_ratio}")
+    a.kv_dtype = canonical_dtype(a.kv_dtype)
+    a.weight_dtype = canonical_dtype(a.weight_dtype)
+
+
+def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int) -> np.ndarray:
+    """The trace's kept tokens per step and layer mapped onto this point (traces.load, no torch)."""
+    try:
+        import traces
+        trace = traces.load(trace_dir)
+        return np.asarray(trace.kv_override(policy=policy, cache_ratio=cache_ratio, prompt=prompt, gen=gen,
+                                            n_layers=n_layers), dtype=float)
+    except Exception as exc:   # any failure reading a trace is a problem with the user's folder
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"trace {trace_dir}: {message}") from None
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def _time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    return f"{t * 1e3:.3f} ms" if t >= 1e-3 else f"{t * 1e6:.1f} us"
+
+
+def format_table(df: pd.DataFrame) -> str:
+    total = df["time_s"].sum()
+    out = pd.DataFrame({
+        "op": df["op"], "FLOPs": df["flops"].map(lambda v: _si(v, "")),
+        "weights": df["weight_bytes"].map(lambda v: _si(v, "B")), "acts": df["act_bytes"].map(lambda v: _si(v, "B")),
+        "KV read": df["kv_read_bytes"].map(lambda v: _si(v, "B")), "KV write": df["kv_write_bytes"].map(lambda v: _si(v, "B")),
+        "FLOP/B": df["intensity"].map(lambda v: "-" if not np.isfinite(v) else f"{v:.1f}"), "bound": df["bound"],
+        "time": df["time_s"].map(_time), "share": (df["time_s"] / total).map(lambda v: f"{100 * v:.1f}%"),
+    })
+    return out.to_string(index=False)
+
+
+def format_summary(pred: Prediction) -> str:
+    i, x = pred.inputs, pred.extra
+    policy = i["policy"] if i["policy"] == "full" else \
+        f"{i['policy']}, cache ratio {i['cache_ratio']:g} (recent {i['recent_ratio']:g})"
+    kv_src = " [KV lengths from trace]" if i["kv_source"] == "trace" else ""
+    kv_peak = pred.peak_memory_bytes - x["weight_bytes"]
+    lines = [
+        f"{i['model']} on {i['hw']} ({i['profile']} profile): {policy}{kv_src}",
+        f"batch {i['batch']} x beams {i['beams']}, prompt {i['prompt']} + gen {i['gen']} tokens, "
+        f"weights {i['weight_dtype']}, KV {i['kv_dtype']}",
+        f"  TTFT            {_time(pred.ttft_s)}",
+        f"  TPOT (mean)     {_time(pred.tpot_s)}   decode is {x['decode_bound']}-bound",
+        f"  end-to-end      {_time(pred.e2e_s)}",
+        f"  tokens/s        {pred.tokens_per_s:,.1f}",
+        f"  peak memory     {_gib(pred.peak_memory_bytes)} of {_gib(x['device_memory_bytes'])} "
+        f"(weights {_gib(x['weight_bytes'])}, KV + workspace {_gib(kv_peak)})"
+        + ("" if x["fits"] else "   DOES NOT FIT"),
+        f"  KV per token    {x['kv_bytes_per_token'] / 1024:g} KiB (all layers, one sequence); "
+        f"peak {x['peak_kv_tokens']:,.0f} tokens per sequence",
+        f"  max batch       {pred.max_batch} requests -> {pred.max_batch_tokens_per_s:,.1f} tokens/s",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    check_args(a)
+    override = None
+    if a.trace:
+        from sim.models import load_model
+        model = load_model(a.model)
+        override = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen, model.n_layers)
+    pred = predict(a.hw, a.model, a.batch, a.prompt, a.gen, a.policy, a.cache_ratio, recent_ratio=a.recent_ratio,
+                   kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=a.profile, kv_override=override,
+                   beams=a.beams)
+    if a.json:
+        out = pred.to_dict()
+        if a.breakdown:
+            out["prefill_ops"] = _records(pred.prefill_ops)
+            out["decode_ops"] = _records(pred.decode_ops)
+        print(json.dumps(out, default=_jsonable))
+        return 0
+    print(format_summary(pred))
+    if a.breakdown:
+        print(f"\nprefill ({_time(pred.ttft_s)} with host overhead):")
+        print(format_table(pred.prefill_ops))
+        for step in ("mean", "first", "last"):
+            table = pred.decode_ops[pred.decode_ops["step"] == step]
+            if step == "mean":
+                print(f"\ndecode step, mean over the {max(a.gen - 1, 0)} decode steps:")
+                print(format_table(table))
+            else:
+                print(f"\ndecode step, {step}: ops total {_time(table['time_s'].sum())}")
+    return 0
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    """Table rows for JSON: infinite intensity (no bytes moved) becomes null."""
+    clean = df.replace([np.inf, -np.inf], np.nan).astype(object)
+    return clean.where(clean.notna(), None).to_dict(orient="records")
+
+
+def _jsonable(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v) if np.isfinite(v) else None
+    return str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

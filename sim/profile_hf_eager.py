@@ -1,0 +1,281 @@
+"""Eager PyTorch software stacks as explicit operators: `hf-eager` and `kvsim-eager`.
+
+The fused profile (sim/profiles.py) is the ideal: one pass over the weights and the kept KV per step.
+Eager PyTorch code moves more bytes and launches more kernels than that, and *which* extra operators it
+runs is readable in its source. This module writes them down, one `Op` each, with bytes and kernel
+counts from the code, so an eager prediction is the ideal one plus named, inspectable rows of the
+operator table (never a multiplier).
+
+`hf-eager` is the stack of the Keyformer paper's performance runs (MPT-7B, Hugging Face transformers
+4.28 remote code, `attn_impl="torch"`, beam search; shared/docs/keyformer-paper.md §3-4):
+  - cache_concat   `torch.cat([past, new])` for K and V in every layer: the whole cache is read and
+                   written again each step (MPT `scaled_multihead_dot_product_attention`; also
+                   transformers' DynamicCache);
+  - beam_reorder   `index_select(0, beam_idx)` on K and V of every layer after every beam-search step
+                   (`_reorder_cache`): another full read + write of the cache;
+  - score_upcast   16-bit logits cast to fp32 for the softmax and back (nothing when activations are
+                   already fp32);
+  - mask_bias      the n-wide ALiBi bias / causal mask added to the materialised logits in each layer,
+                   plus the per-step build of the 4-D mask from the growing 2-D attention mask;
+  - eager_glue     what the core operator list leaves implicit: residual adds, the elementwise parts of
+                   norms and activations, RoPE, head reshapes that copy (launches and activation bytes
+                   per architecture, counted from the HF modeling code);
+  - the eviction policies as the paper's code runs them: the Gumbel path deep-copies the logits
+                   (`copy.deepcopy`), draws noise, takes a second softmax and accumulates in separate
+                   kernels (`policy_eager_passes`), and the physical-eviction variants compact the kept
+                   K/V every 8 steps (`evict_compact`, amortised per step);
+  - prefill: eager attention materialises the n x n logits in fp32 with an n x n mask, the Gumbel path
+                   copies them, and transformers 4.28 computes LM-head logits for every prompt position.
+
+`kvsim-eager` is this project's own stack (keyformer/: slot cache on transformers 5 eager modules, run
+by traces.timing on CPU): no concatenation and no reordering (a decode step scatters the newcomer into a
+free slot), but the same eager attention (fp32 logits, a slot mask built per layer from the slot
+positions, separate softmax), the same glue, and the policy's score path as separate eager kernels. It is
+the profile the CPU validation uses: the measured points run exactly this code.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.kvlen import SCORED
+from sim.ops import SCORE_BYTES, Op, OpContext
+from sim.profiles import Profile, register_profile
+
+# ---------------------------------------------------------------------------------------------------
+# Eager glue per architecture, per layer, at one token per row: (kernel launches, activation passes over
+# d_model, passes over d_ff, passes over the q/k heads). Counted from transformers' modeling code:
+#   llama: RMSNorm x2 = (to fp32, pow, mean, add eps, rsqrt, mul, mul weight, cast) ~ 7 kernels and
+#          ~6 passes over d each; RoPE on q and k = (mul cos, slice/neg/cat rotate_half, mul sin, add) ~ 6
+#          kernels each, ~5 passes; SiLU and gate*up 2 kernels, 3 passes over d_ff; 2 residual adds (3
+#          passes over d each); transpose(1,2).reshape of the attention output copies once.
+#   gpt2:  LayerNorm x2 (1 fused kernel, 2 passes each); split of c_attn + 3 head reshapes (views) and
+#          the merge of heads (1 copy); gelu_new = 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3))) 8 kernels,
+#          ~16 passes over d_ff; 2 residual adds; biases are fused into addmm.
+#   mpt:   LayerNorm x2 (low-precision layernorm casts: 3 kernels each), Wqkv chunk + rearranges (3
+#          copies), GELU 1 kernel (2 passes over d_ff), 2 residual adds.
+#   gptj:  LayerNorm x1 (parallel block), RoPE on rotary dims (~10 kernels), gelu_new (8 kernels), 2 adds.
+GLUE = {
+    "llama": dict(launches=2 * 7 + 2 * 6 + 2 + 2 + 1, d_passes=2 * 6 + 2 * 3 + 2, ff_passes=3, head_passes=5),
+    "mistral": dict(launches=2 * 7 + 2 * 6 + 2 + 2 + 1, d_passes=2 * 6 + 2 * 3 + 2, ff_passes=3, head_passes=5),
+    "qwen2": dict(launches=2 * 7 + 2 * 6 + 2 + 2 + 1, d_passes=2 * 6 + 2 * 3 + 2, ff_passes=3, head_passes=5),
+    "gpt2": dict(launches=2 + 1 + 1 + 8 + 2, d_passes=2 * 2 + 2 * 3 + 2, ff_passes=16, head_passes=2),
+    "mpt": dict(launches=2 * 3 + 3 + 1 + 2, d_passes=2 * 4 + 2 * 3 + 2, ff_passes=2, head_passes=6),
+    "gptj": dict(launches=3 + 10 + 8 + 2, d_passes=2 + 2 * 3 + 2, ff_passes=16, head_passes=8),
+}
+DEFAULT_GLUE = dict(launches=20, d_passes=16, ff_passes=4, head_passes=4)
+
+# Eager kernels per core operator (sim.ops names). One eager torch call is one kernel launch; views are
+# free. Counted for one layer (per_layer ops) or one step.
+EAGER_LAUNCHES = {
+    "embed": 1,
+    "norms": 2,          # the norm kernels themselves; their elementwise internals are in eager_glue
+    "qkv_proj": 3,       # q, k, v linears (GPT-2/MPT: one fused linear + split copies, counted in glue)
+    "kv_write": 2,       # kvsim-eager: scatter_ of K and V into the free slot (hf-eager: replaced by cat)
+    "attn_scores": 2,    # matmul + scale
+    "softmax": 1,
+    "attn_v": 1,
+    "out_proj": 1,
+    "mlp": 3,            # up (+gate) and down projections; activation kernels in eager_glue
+    "final_norm": 1,
+    "lm_head": 1,
+    "score_update": 2,   # replaced by the explicit eager passes below for the policies' own code
+    "select_evict": 1,
+    "select_topk": 2,
+    "compact": 4,
+}
+
+# The policies' score path as eager kernels, per layer and decode step, and full passes over the
+# (rows x query heads x kept) fp32 score tensor each kernel makes.
+#   kvsim keyformer (keyformer/keyformer.py + base.py): rand, clamp_, log_, neg_, log_, neg_ (noise), add,
+#     div by tau, softmax (3 passes), sum over queries, sum over the GQA group, += into the scores: 12
+#     kernels, ~26 passes. Eviction (base._evict_one): position compare/sub/where x3, argmin, two scatters
+#     (~10 kernels over rows x kv heads x slots).
+#   kvsim h2o: sum, sum, += (3 kernels, ~5 passes); same eviction.
+#   paper keyformer (official MPT attention.py, Gumbel path): copy.deepcopy of the logits (2 passes),
+#     noise (5 kernels, 9 passes), add, divide, softmax (3), sum over batch and beams, accumulate, tau
+#     update: ~14 kernels, ~24 passes; selection topk + mask rebuild + masked_fill (~6 kernels).
+#   paper h2o (HF H2O real-drop): probs sum over heads/beams, accumulate: ~3 kernels, ~5 passes; eviction
+#     topk + gather (~4 kernels).
+POLICY_PATHS = {
+    ("kvsim", "keyformer"): dict(score_launches=12, score_passes=26, evict_launches=10, evict_passes=8),
+    ("kvsim", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=10, evict_passes=8),
+    ("hf", "keyformer"): dict(score_launches=14, score_passes=24, evict_launches=6, evict_passes=4),
+    ("hf", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=4, evict_passes=4),
+}
+# The paper's physical-eviction variants compact K/V every EVICT_INTERVAL steps (attention_keyformer_*).
+EVICT_INTERVAL = 8
+# Keys of a decode step that are masked per layer by the slot mask / n-wide mask: bytes per element of the
+# mask source (long slot positions read, fp32 bias written).
+SLOT_MASK_BYTES = 8 + 4
+
+
+def _kv_bytes(ctx: OpContext, tokens) -> object:
+    """Bytes of K and V for `tokens` cached tokens of every row (one layer)."""
+    m = ctx.model
+    return 2 * ctx.rows * m.n_kv_heads * tokens * m.head_dim * ctx.kvb
+
+
+def _score_elems(ctx: OpContext) -> object:
+    """Logit elements of one layer: rows x query heads x new tokens x keys attended."""
+    keys = ctx.past_tokens + (ctx.new_tokens + 1) * 0.5
+    return ctx.rows * ctx.model.n_heads * ctx.new_tokens * keys
+
+
+def _keys(ctx: OpContext) -> object:
+    return ctx.past_tokens + ctx.new_tokens
+
+
+def eager_glue(ctx: OpContext) -> Op:
+    m, ab = ctx.model, ctx.ab
+    glue = GLUE.get(m.model_type, DEFAULT_GLUE)
+    tokens = ctx.rows * ctx.new_tokens
+    heads = (m.n_heads + m.n_kv_heads) * m.head_dim
+    act = tokens * (glue["d_passes"] * m.d_model + glue["ff_passes"] * m.d_ff + glue["head_passes"] * heads) * ab
+    flops = tokens * (glue["d_passes"] * m.d_model + glue["ff_passes"] * m.d_ff + glue["head_passes"] * heads)
+    return Op("eager_glue", True, flops=flops, act_bytes=act, launches=glue["launches"])
+
+
+def policy_eager_ops(ctx: OpContext, stack: str) -> list[Op]:
+    """The policy's score path and eviction as separate eager kernels (decode step, one layer)."""
+    if ctx.policy not in SCORED:
+        return []
+    path = POLICY_PATHS[(stack, ctx.policy)]
+    m = ctx.model
+    kept = _keys(ctx)
+    elems = ctx.rows * m.n_heads * kept
+    slots = ctx.rows * m.n_kv_heads * kept
+    # sim.ops already charges 2 passes over the probabilities and 2 over the score state (score_update)
+    # and one over the candidates (select_evict): add what the eager code does beyond that.
+    extra_score = max(path["score_passes"] - 2, 0) * elems * SCORE_BYTES
+    extra_evict = max(path["evict_passes"] - 1, 0) * slots * SCORE_BYTES
+    return [Op("policy_eager_passes", True, flops=path["score_passes"] * elems,
+               act_bytes=extra_score + extra_evict,
+               launches=path["score_launches"] + path["evict_launches"])]
+
+
+# ---------------------------------------------------------------------------------------------------
+# hf-eager
+
+def hf_decode_ops(ctx: OpContext) -> list[Op]:
+    m, ab = ctx.model, ctx.ab
+    past, keys = ctx.past_tokens, _keys(ctx)
+    elems = _score_elems(ctx)
+    beams_reorder = np.asarray(ctx.beams, float) > 1
+    ops = []
+    if np.any(beams_reorder):
+        # beam search: index_select over the batch*beam axis of every layer's K and V, every step.
+        ops.append(Op("beam_reorder", True, kv_read_bytes=_kv_bytes(ctx, keys) * beams_reorder,
+                      kv_write_bytes=_kv_bytes(ctx, keys) * beams_reorder, launches=2))
+    ops += [
+        # torch.cat([past_k, k]) and ([past_v, v]): read the cache, write cache + 1 token, per layer.
+        Op("cache_concat", True, kv_read_bytes=_kv_bytes(ctx, past), kv_write_bytes=_kv_bytes(ctx, keys),
+           launches=2),
+        # additive ALiBi bias (H x keys, read) + causal/padding mask (rows x keys) on the logits.
+        Op("mask_bias", True, act_bytes=2 * elems * ab + (m.n_heads + ctx.rows) * keys * ab, launches=2),
+        # once per step: the 2-D attention mask grows by cat, the 4-D additive mask is rebuilt from it.
+        Op("mask_build", False, act_bytes=ctx.rows * keys * (2 * 8 + 4), launches=4),
+        eager_glue(ctx),
+    ]
+    if ab < SCORE_BYTES:   # 16-bit logits: softmax(x.float()).to(dtype) = two casts over the logits
+        ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
+    ops += policy_eager_ops(ctx, "hf")
+    if ctx.policy in SCORED:
+        # physical eviction every EVICT_INTERVAL steps: gather the kept K/V into a fresh buffer.
+        ops.append(Op("evict_compact", True, kv_read_bytes=_kv_bytes(ctx, keys) / EVICT_INTERVAL,
+                      kv_write_bytes=_kv_bytes(ctx, past) / EVICT_INTERVAL, launches=4 / EVICT_INTERVAL))
+    return ops
+
+
+def hf_prefill_ops(ctx: OpContext) -> list[Op]:
+    m, ab = ctx.model, ctx.ab
+    n, q = _keys(ctx), ctx.new_tokens
+    elems = _score_elems(ctx)
+    ops = [
+        # n x n additive mask (rows x 1 x q x n) built once, read by every layer's logits add.
+        Op("mask_build", False, act_bytes=ctx.rows * q * n * SCORE_BYTES, launches=4),
+        Op("mask_bias", True, act_bytes=2 * elems * ab + (ctx.rows * q + m.n_heads) * n * ab, launches=2),
+        # transformers 4.28 generate: LM-head logits for every prompt position, not only the last.
+        Op("lm_head_all_positions", False, flops=2 * ctx.rows * (q - 1) * m.vocab_size * m.d_model,
+           act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True),
+        eager_glue(ctx),
+    ]
+    if ab < SCORE_BYTES:
+        ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
+    if ctx.policy == "keyformer":
+        # Gumbel path: copy.deepcopy of the n x n logits, noise, noisy softmax, column sums.
+        ops.append(Op("policy_eager_passes", True, flops=24 * elems, act_bytes=24 * elems * SCORE_BYTES,
+                      launches=20))
+    elif ctx.policy == "h2o":
+        ops.append(Op("policy_eager_passes", True, flops=5 * elems, act_bytes=5 * elems * SCORE_BYTES, launches=3))
+    return ops
+
+
+HF_EAGER = register_profile(Profile(
+    name="hf-eager",
+    description="Hugging Face transformers eager stack as in the Keyformer paper's runs (4.28, MPT remote "
+                "code, attn_impl=torch, beam search): torch.cat cache growth, beam reorder copies, "
+                "materialised logits with fp32 upcast and n-wide masks, eager glue kernels, the Gumbel "
+                "path's copies and lazy physical eviction (sim/profile_hf_eager.py)",
+    launches={**EAGER_LAUNCHES, "kv_write": 0},   # the new K/V enter through cache_concat
+    materialise_scores=True,
+    prefill_chunk_tokens=None,                     # eager prefill holds all n x n logits at once
+    extra_decode_ops=hf_decode_ops,
+    extra_prefill_ops=hf_prefill_ops,
+))
+
+
+# ---------------------------------------------------------------------------------------------------
+# kvsim-eager
+
+def kvsim_decode_ops(ctx: OpContext) -> list[Op]:
+    m = ctx.model
+    keys = _keys(ctx)
+    elems = _score_elems(ctx)
+    slot_elems = ctx.rows * m.n_kv_heads * keys
+    ops = [
+        # slot_bias: where(positions >= 0, 0, -inf) per layer, then logits + bias, logits *= scale: the
+        # bias is built from the slot positions (read long, write fp32) and added to every logit.
+        Op("slot_mask", True, act_bytes=slot_elems * SLOT_MASK_BYTES + 2 * elems * SCORE_BYTES, launches=4),
+        # cache.update also scatters the newcomer's position and zeroes its score; the full policy
+        # advances free_slot (and checks growth with a host sync).
+        Op("slot_bookkeeping", True, act_bytes=ctx.rows * m.n_kv_heads * 2 * 8, launches=4),
+        eager_glue(ctx),
+    ]
+    ops += policy_eager_ops(ctx, "kvsim")
+    return ops
+
+
+def kvsim_prefill_ops(ctx: OpContext) -> list[Op]:
+    m = ctx.model
+    n, q = _keys(ctx), ctx.new_tokens
+    elems = _score_elems(ctx)
+    ops = [
+        # transformers' eager causal mask (rows x 1 x q x n, fp32) built once, added in every layer.
+        Op("mask_build", False, act_bytes=ctx.rows * q * n * SCORE_BYTES, launches=6),
+        Op("mask_bias", True, act_bytes=2 * elems * SCORE_BYTES + ctx.rows * q * n * SCORE_BYTES, launches=1),
+        # after the prompt every policy (full too) ranks the prompt and gathers the kept K/V into the slot
+        # buffer (base._select_prompt + SlotLayer.compact).
+        Op("prompt_compact", True, kv_read_bytes=_kv_bytes(ctx, n * ctx.cache_ratio),
+           kv_write_bytes=_kv_bytes(ctx, n * ctx.cache_ratio + 1),
+           act_bytes=ctx.rows * m.n_kv_heads * n * (8 + 4 + 8), launches=12),
+        eager_glue(ctx),
+    ]
+    if ctx.policy in SCORED:
+        passes = POLICY_PATHS[("kvsim", ctx.policy)]["score_passes"]
+        ops.append(Op("policy_eager_passes", True, flops=passes * elems, act_bytes=passes * elems * SCORE_BYTES,
+                      launches=POLICY_PATHS[("kvsim", ctx.policy)]["score_launches"]))
+    return ops
+
+
+KVSIM_EAGER = register_profile(Profile(
+    name="kvsim-eager",
+    description="this project's keyformer/ stack on PyTorch eager (slot cache: scatter writes, no concat, "
+                "no reorder copies; materialised fp32 logits with a per-layer slot mask; the policy's score "
+                "path as separate kernels; eager glue kernels) - what traces.timing measures "
+                "(sim/profile_hf_eager.py)",
+    launches=EAGER_LAUNCHES,
+    materialise_scores=True,
+    prefill_chunk_tokens=None,
+    extra_decode_ops=kvsim_decode_ops,
+    extra_prefill_ops=kvsim_prefill_ops,
+))

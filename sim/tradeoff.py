@@ -1,0 +1,170 @@
+"""Quality vs throughput: join what a trace *measured* (ROUGE, retained attention mass) for each
+policy x cache ratio with what the simulator *predicts* (latency, throughput) on each device, and find
+the Pareto front per device: the trade-off kvsim exists to show.
+
+Quality comes from a real model run (the trace's model); predicted performance comes from the design
+point's model fed with that trace's KV lengths. Both are labelled in the joined table (`trace_model`,
+`model`) so a plot never passes one model's quality off as another's.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+RATIO_DECIMALS = 4   # cache ratios are matched after rounding (float32 in traces, float64 in grids)
+# Preferred headline quality metric, best first; the first present in the joined table is used.
+QUALITY_PREFERENCE = ("rouge2", "rougeL", "rouge1", "self_rougeL", "self_rouge2", "top1_agreement",
+                      "mass_retained")
+# Columns of quality.csv that describe a row rather than measure something.
+_ID_COLUMNS = {"policy", "cache_ratio", "sample", "trace", "model", "dataset", "n", "samples", "seed",
+               "prompt_len", "recent_ratio"}
+
+
+def trace_identity(path: str | Path) -> str:
+    """Hash of what a trace feeds the simulator: its manifest and its KV-length table (the bytes).
+
+    Part of every trace-driven point's cache key: a recaptured trace invalidates its points."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    for name in ("manifest.json", "kv.parquet"):
+        file = path / name
+        if not file.exists():
+            raise FileNotFoundError(f"{file}: missing (not a trace folder?)")
+        digest.update(name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def trace_model_name(trace) -> str:
+    model = trace.manifest.get("model", {})
+    return str(model.get("name") or model.get("id") or Path(trace.path).name)
+
+
+def measured_quality(trace, trace_name: str | None = None) -> pd.DataFrame:
+    """One row per policy x cache ratio of a trace: mean retained attention mass and kept fraction
+    (from its KV table) plus every numeric metric of its quality.csv (mean over samples)."""
+    summary = trace.summary()
+    summary["cache_ratio"] = summary["cache_ratio"].astype(float).round(RATIO_DECIMALS)
+    quality = trace.quality
+    if quality is not None and not quality.empty and {"policy", "cache_ratio"} <= set(quality.columns):
+        metrics = [c for c in quality.columns
+                   if c not in _ID_COLUMNS and pd.api.types.is_numeric_dtype(quality[c])]
+        q = quality.assign(cache_ratio=quality["cache_ratio"].astype(float).round(RATIO_DECIMALS))
+        q = q.groupby(["policy", "cache_ratio"], as_index=False)[metrics].mean()
+        summary = summary.merge(q.drop(columns=[c for c in q.columns if c in summary.columns
+                                                and c not in ("policy", "cache_ratio")]),
+                                on=["policy", "cache_ratio"], how="left")
+    summary.insert(0, "trace_model", trace_model_name(trace))
+    summary.insert(0, "trace", trace_name or Path(trace.path).name)
+    return summary
+
+
+def join_quality(predictions: pd.DataFrame, quality: pd.DataFrame) -> pd.DataFrame:
+    """Predictions (one row per design point, with `trace`, `policy`, `cache_ratio`) joined with the
+    measured quality of the same trace, policy and cache ratio.
+
+    The full cache is captured once (its ratio is 1.0) but swept at every ratio; it keeps everything
+    whatever the ratio, so all its points take that one measurement."""
+    left = predictions.copy()
+    left["_ratio"] = left["cache_ratio"].astype(float).round(RATIO_DECIMALS)
+    right = quality.rename(columns={"cache_ratio": "_ratio"})
+    full = right[right["policy"] == "full"]
+    full_one = full.sort_values("_ratio").groupby("trace").tail(1).drop(columns="_ratio")
+    joined_evicting = left[left["policy"] != "full"].merge(right, on=["trace", "policy", "_ratio"], how="left",
+                                                           suffixes=("", "_measured"))
+    joined_full = left[left["policy"] == "full"].merge(full_one, on=["trace", "policy"], how="left",
+                                                       suffixes=("", "_measured"))
+    order = "_row"
+    joined = pd.concat([joined_evicting.assign(**{order: left.index[left["policy"] != "full"]}),
+                        joined_full.assign(**{order: left.index[left["policy"] == "full"]})])
+    return joined.sort_values(order).drop(columns=[order, "_ratio"]).reset_index(drop=True)
+
+
+def quality_metric(frame: pd.DataFrame) -> str:
+    """The headline quality column present in `frame` (ROUGE-2 first, retained attention mass last)."""
+    for name in QUALITY_PREFERENCE:
+        if name in frame.columns and frame[name].notna().any():
+            return name
+    raise ValueError("no quality column (ROUGE or mass_retained) to plot; were the traces scored?")
+
+
+def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """True where no other point is at least as good in both x and y and better in one (maximise both).
+
+    NaNs are never on the front. O(n log n): sort by x descending, keep running max of y."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    mask = np.zeros(len(x), bool)
+    valid = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    if valid.size == 0:
+        return mask
+    # by x descending, then y descending, so ties in x keep only their best y
+    order = valid[np.lexsort((-y[valid], -x[valid]))]
+    best_y = -np.inf
+    for i in order:  # every earlier point has x >= this one's: it is dominated unless its y is higher
+        if y[i] > best_y:
+            mask[i] = True
+            best_y = y[i]
+    return mask
+
+
+def pareto_front(frame: pd.DataFrame, x: str, y: str, by: list[str] | str = "device") -> pd.DataFrame:
+    """`frame` with a boolean `pareto` column: on the (x, y) front within each `by` group."""
+    by = [by] if isinstance(by, str) else list(by)
+    out = frame.copy()
+    out["pareto"] = False
+    for _, group in out.groupby(by, sort=False):
+        out.loc[group.index, "pareto"] = pareto_mask(group[x].to_numpy(), group[y].to_numpy())
+    return out
+
+
+POLICY_MARKERS = {"full": "s", "window": "v", "streaming": "^", "h2o": "D", "keyformer": "o"}
+
+
+def plot_pareto(frame: pd.DataFrame, x: str, y: str, path: str | Path | None = None, by: str = "device",
+                title: str | None = None):
+    """One panel per device: every policy x cache ratio as a point, the Pareto front as a line."""
+    import matplotlib
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    data = pareto_front(frame, x, y, by)
+    groups = list(data.groupby(by, sort=True))
+    cols = min(4, len(groups)) or 1
+    rows = -(-len(groups) // cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, (name, group) in zip(axes.flat, groups):
+        for policy, points in group.groupby("policy"):
+            ax.scatter(points[x], points[y], marker=POLICY_MARKERS.get(policy, "x"), s=22, alpha=0.75,
+                       label=policy)
+        front = group[group["pareto"]].sort_values(x)
+        ax.plot(front[x], front[y], "k-", lw=1, alpha=0.7, label="Pareto front")
+        ax.set_title(str(name), fontsize=10)
+        ax.set_xscale("log")
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95 if title else 1))
+    if path is not None:
+        save_figure(fig, path)
+        plt.close(fig)
+    return fig
+
+
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """PNG written atomically (a reader never sees half a file)."""
+    import os
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,153 @@
+"""Validation points: (source, configuration, metric, measured, predicted, error %) rows, and their statistics.
+
+error % = (predicted - measured) / measured * 100 (signed: negative = the simulator is optimistic for a
+time, pessimistic for a throughput). MAPE = mean |error %|. A point whose |error %| exceeds the threshold
+is flagged, and flagged points are listed first in the report: nothing above the threshold is dropped.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from sim.models import load_model
+from sim.validation import predict
+from sim.validation.references import describe, row_runs
+
+POINT_COLUMNS = ("source", "kind", "id", "configuration", "metric", "unit", "regime", "measured", "predicted",
+                 "error_pct", "profile", "hw", "calibration", "note")
+# Profiles predicted beside each point's own profile, to show what the software stack is worth.
+COMPARE_PROFILES = ("fused", "kvsim-eager", "hf-eager")
+
+
+def _error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured * 100.0
+
+
+def reference_points(refs: pd.DataFrame, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Points for the published reference rows, each under its own profile; plus a comparison table of
+    the same rows under every profile of COMPARE_PROFILES that is not the row's own."""
+    rows, compare = [], []
+    for _, ref in refs.iterrows():
+        run, base = row_runs(ref)
+        predicted = predict.reference_value(ref["metric"], run, base)
+        source = f"{ref['file'].removesuffix('.csv')}: {ref['where']}"
+        rows.append(dict(source=source, kind="reference", id=ref["id"], configuration=describe(ref),
+                         metric=ref["metric"], unit=ref["unit"], regime=ref["regime"], measured=float(ref["value"]),
+                         predicted=predicted, error_pct=_error(predicted, float(ref["value"])),
+                         profile=run.profile, hw=run.device,
+                         calibration="datasheet file (no calibration against this point)",
+                         note=f"{ref['paper']}; {ref['setting']}; {ref['precision']}"))
+        for profile in COMPARE_PROFILES:
+            value = predicted if profile == run.profile else predict.reference_value(ref["metric"], run, base, profile)
+            compare.append(dict(id=ref["id"], metric=ref["metric"], regime=ref["regime"], profile=profile,
+                                own=profile == run.profile, measured=float(ref["value"]), predicted=value,
+                                error_pct=_error(value, float(ref["value"]))))
+        if progress is not None:
+            progress.update(1)
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS)), pd.DataFrame(compare)
+
+
+def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Points for one timing folder: decode latency, prefill latency, and policy/full latency ratios."""
+    model = load_model(source.model_config)
+    table = source.table
+    own = source.profile
+    rows, compare = [], []
+    predicted_by_profile: dict[tuple, dict[str, float]] = {}
+    calibration = (f"{source.hw}: microbenchmarks only (hwmodels.calibrate); this grid was never an input"
+                   if source.hw.endswith("local") else f"{source.hw}")
+    for _, t in table.iterrows():
+        batch, context, policy, ratio = int(t["batch"]), int(t["context"]), str(t["policy"]), float(t["cache_ratio"])
+        by_profile = {}
+        for profile in dict.fromkeys((own, *COMPARE_PROFILES)):
+            if t["phase"] == "decode":
+                by_profile[profile] = predict.decode_step_s(source.hw, model, batch, float(t["slots"]), policy,
+                                                            source.dtype, profile)
+            else:
+                by_profile[profile] = predict.prefill_s(source.hw, model, batch, context, source.dtype, profile)
+        key = (t["phase"], policy, ratio, batch, context)
+        predicted_by_profile[key] = by_profile
+        label = policy if policy == "full" else f"{policy} {ratio:g}"
+        if t["phase"] == "decode":
+            w_bytes, kv_bytes = predict.decode_bytes(source.hw, model, batch, float(t["slots"]), policy,
+                                                     source.dtype, own)
+            regime = "decode-b1" if batch == 1 else "decode-large-batch"
+            config = (f"{model.name} decode b{batch} ctx{context} {label} (holds {t['kv_tokens']:.0f}, "
+                      f"attends {int(t['slots'])})")
+            note = f"KV/weight bytes {kv_bytes / w_bytes:.2f}; p10-p90 {t['p10_s'] * 1e3:.2f}-{t['p90_s'] * 1e3:.2f} ms"
+        else:
+            regime, config = "prefill", f"{model.name} prefill b{batch} n{context}"
+            note = f"p10-p90 {t['p10_s'] * 1e3:.1f}-{t['p90_s'] * 1e3:.1f} ms"
+        measured = float(t["median_s"])
+        rows.append(dict(source=source.name, kind="measured", id=f"{source.name}/{t['phase']}/{label}/b{batch}/n{context}",
+                         configuration=config, metric="step_latency_s" if t["phase"] == "decode" else "prefill_s",
+                         unit="s", regime=regime, measured=measured, predicted=by_profile[own],
+                         error_pct=_error(by_profile[own], measured), profile=own, hw=source.hw,
+                         calibration=calibration, note=note))
+        for profile, value in by_profile.items():
+            compare.append(dict(id=rows[-1]["id"], metric=rows[-1]["metric"], regime=regime, profile=profile,
+                                own=profile == own, measured=measured, predicted=value,
+                                error_pct=_error(value, measured)))
+        if progress is not None:
+            progress.update(1)
+    # Eviction ratios: a policy's step latency over full's at the same batch and context.
+    decode = table[table["phase"] == "decode"]
+    full = {(int(r["batch"]), int(r["context"])): float(r["median_s"]) for _, r in decode[decode["policy"] == "full"].iterrows()}
+    for _, t in decode[decode["policy"] != "full"].iterrows():
+        batch, context, policy, ratio = int(t["batch"]), int(t["context"]), str(t["policy"]), float(t["cache_ratio"])
+        if (batch, context) not in full:
+            continue
+        measured = float(t["median_s"]) / full[(batch, context)]
+        num = predicted_by_profile[("decode", policy, ratio, batch, context)]
+        den = predicted_by_profile[("decode", "full", 1.0, batch, context)]
+        rows.append(dict(source=source.name, kind="measured",
+                         id=f"{source.name}/ratio/{policy} {ratio:g}/b{batch}/n{context}",
+                         configuration=f"{model.name} b{batch} ctx{context} {policy} {ratio:g} / full",
+                         metric="latency_ratio", unit="x", regime="eviction-ratio", measured=measured,
+                         predicted=num[own] / den[own], error_pct=_error(num[own] / den[own], measured),
+                         profile=own, hw=source.hw, calibration=calibration,
+                         note="step latency of the policy / of full, same batch and context"))
+        for profile in num:
+            value = num[profile] / den[profile]
+            compare.append(dict(id=rows[-1]["id"], metric="latency_ratio", regime="eviction-ratio", profile=profile,
+                                own=profile == own, measured=measured, predicted=value,
+                                error_pct=_error(value, measured)))
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS)), pd.DataFrame(compare)
+
+
+def collect(refs: pd.DataFrame, sources: list, show_progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    total = len(refs) + sum(len(s.table) for s in sources)
+    points, compare = [], []
+    with tqdm(total=total, desc="predicting", unit="pt", disable=not show_progress, leave=False) as bar:
+        if len(refs):
+            p, c = reference_points(refs, bar)
+            points.append(p)
+            compare.append(c)
+        for source in sources:
+            p, c = measured_points(source, bar)
+            points.append(p)
+            compare.append(c)
+    points_df = pd.concat(points, ignore_index=True) if points else pd.DataFrame(columns=list(POINT_COLUMNS))
+    compare_df = pd.concat(compare, ignore_index=True) if compare else pd.DataFrame()
+    return points_df, compare_df
+
+
+def stats(points: pd.DataFrame, by: str | None = "regime") -> pd.DataFrame:
+    """points, MAPE, max |error| (and the point that has it) per group, plus an 'overall' row."""
+    groups = list(points.groupby(by, sort=False)) if by else []
+    groups.append(("overall", points))
+    out = []
+    for name, group in groups:
+        if not len(group):
+            continue
+        err = group["error_pct"].abs()
+        worst = group.loc[err.idxmax()]
+        out.append(dict(group=name, points=len(group), mape=float(err.mean()), max_error=float(err.max()),
+                        median_error=float(err.median()), worst=worst["id"]))
+    return pd.DataFrame(out, columns=["group", "points", "mape", "max_error", "median_error", "worst"])
+
+
+def is_flagged(points: pd.DataFrame, threshold: float) -> pd.Series:
+    return points["error_pct"].abs() > threshold
+

@@ -1,0 +1,280 @@
+"""Policies x architectures (tiny random models): exactness, budgets, eviction, equivalences."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from keyformer import make_policy
+from keyformer.generate import decode_n_tokens, decode_one_token, prefill, synthetic_state
+from tests.keyformer.reference import masked_reference_logits, stock_logits
+from tests.keyformer.tiny_models import VOCAB, build
+
+PROMPT_LEN = 24
+STEPS = 6
+TOL = 1e-5
+
+
+def prompt(length=PROMPT_LEN, seed=0, batch=1):
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def policy_for(name, **params):
+    if name == "keyformer":
+        params.setdefault("max_new_tokens", STEPS + 1)
+    return make_policy(name, **params)
+
+
+def ratio_params(name, cache_ratio):
+    return {} if name == "full" else {"cache_ratio": cache_ratio}
+
+
+def kv_group(model):
+    config = model.config
+    return config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+
+def test_full_budget_gives_the_stock_logits(case):
+    """p = 1: the prompt and the first decode step see every token, so logits equal the unmodified model's;
+    the full policy keeps equalling it at every step."""
+    name, arch, model = case
+    ids = prompt()
+    policy = policy_for(name, **ratio_params(name, 1.0))
+    with prefill(model, policy, ids) as state:
+        ours = [state.logits.clone()]
+        for _ in range(STEPS):
+            ours.append(decode_one_token(state).clone())
+        fed = state.generated[:-1]
+    reference = stock_logits(model, ids, fed)
+    compared = len(ours) if name == "full" else 2  # after that, a fixed k = n must evict
+    for step in range(compared):
+        assert torch.allclose(ours[step], reference[step], atol=TOL, rtol=0), (step, (ours[step] - reference[step]).abs().max())
+
+
+def test_budget_window_sinks_and_in_place_slots(case):
+    """Every layer and KV head holds exactly k tokens after the prompt and after every decode step, in a
+    k + 1 slot buffer that decode steps reuse in place; the recent window and the sinks are never evicted."""
+    name, arch, model = case
+    ids = prompt()
+    policy = policy_for(name, **ratio_params(name, 0.5))
+    events = []
+    policy.add_observer(events.append)
+    with prefill(model, policy, ids) as state:
+        k, w = int(policy.budget[0]), int(policy.recent[0])
+        expected_k = PROMPT_LEN if name == "full" else PROMPT_LEN // 2
+        assert k == expected_k
+        buffers = [layer.keys.data_ptr() for layer in policy.layers]
+        for layer in policy.layers:
+            assert layer.keys.shape[-2] == k + 1  # the prompt-sized K/V were released
+        for step in range(STEPS):
+            decode_one_token(state)
+            if name != "full":
+                assert [layer.keys.data_ptr() for layer in policy.layers] == buffers  # no copy of the cache
+    n_layers = len(policy.layers)
+    assert len(events) == n_layers * (STEPS + 1)
+    assert [e.step for e in events[::n_layers]] == list(range(-1, STEPS))
+    for event in events:
+        held = event.kept_positions
+        newest = PROMPT_LEN - 1 + (event.step + 1)
+        expected = k + event.step + 1 if name == "full" else k
+        assert event.kv_len == expected
+        assert held.shape[-1] == expected and bool((held >= 0).all())
+        for head in held[0]:
+            kept = set(head.tolist())
+            assert len(kept) == expected
+            assert set(range(newest - w + 1, newest + 1)) <= kept  # recent window
+            if name == "streaming":
+                assert {0, 1, 2, 3} <= kept
+            if name == "window":
+                assert kept == set(range(newest - k + 1, newest + 1))
+    assert policy.kv_lengths() == [expected] * n_layers
+
+
+def test_physical_eviction_equals_masking_reference(case):
+    """Decode logits with evicted tokens physically gone equal the full cache with those keys masked
+    (original positions; for MPT the ALiBi bias is gathered at the kept tokens' original positions)."""
+    name, arch, model = case
+    ids = prompt()
+    policy = policy_for(name, **ratio_params(name, 0.5))
+    kept = {}
+    policy.add_observer(lambda e: kept.__setitem__((e.step, e.layer), e.kept_positions.clone()))
+    with prefill(model, policy, ids) as state:
+        ours = [decode_one_token(state).clone() for _ in range(STEPS)]
+        fed = state.generated[:STEPS]
+    reference = masked_reference_logits(model, ids, fed, kept, kv_group(model))
+    for step, (a, b) in enumerate(zip(ours, reference)):
+        assert torch.allclose(a, b, atol=TOL, rtol=0), (step, (a - b).abs().max())
+
+
+def test_generate_matches_manual_loop(case):
+    name, arch, model = case
+    ids = prompt(seed=1)
+    manual = policy_for(name, **ratio_params(name, 0.5))
+    with prefill(model, manual, ids) as state:
+        decode_n_tokens(state, STEPS)
+        manual_kept = [manual.kept_positions(i) for i in range(len(manual.layers))]
+    params = ratio_params(name, 0.5)
+    through_generate = make_policy(name, **params)  # keyformer: T comes from generate's max_new_tokens
+    with through_generate.apply(model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=STEPS + 1, do_sample=False)
+    assert out[:, PROMPT_LEN:].tolist() == state.tokens.tolist()
+    for layer, kept in enumerate(manual_kept):
+        assert torch.equal(through_generate.kept_positions(layer), kept)
+    assert model.config._attn_implementation in ("eager", None) or arch == "mpt"
+
+
+def test_left_padded_batch_equals_each_sequence_alone(case):
+    """Per-sequence budgets from the real lengths, padding never kept, selection per sequence. (Keyformer
+    runs without noise here: noise drawn for a batch cannot equal noise drawn for one sequence.)"""
+    name, arch, model = case
+    params = ratio_params(name, 0.5)
+    if name == "keyformer":
+        params["noise"] = "none"
+    lengths = (PROMPT_LEN, PROMPT_LEN - 7)
+    singles = [prompt(n, seed=10 + i) for i, n in enumerate(lengths)]
+    batch = torch.zeros(2, PROMPT_LEN, dtype=torch.long)
+    mask = torch.zeros(2, PROMPT_LEN, dtype=torch.long)
+    for row, ids in enumerate(singles):
+        batch[row, PROMPT_LEN - ids.shape[1]:] = ids[0]
+        mask[row, PROMPT_LEN - ids.shape[1]:] = 1
+    batched = policy_for(name, **params)
+    with prefill(model, batched, batch, mask) as state:
+        decode_n_tokens(state, STEPS)
+        batch_tokens, batch_logits = state.tokens, state.logits
+        batch_kept = [batched.kept_positions(i) for i in range(len(batched.layers))]
+    for row, ids in enumerate(singles):
+        alone = policy_for(name, **params)
+        with prefill(model, alone, ids) as single:
+            decode_n_tokens(single, STEPS)
+            assert single.tokens[0].tolist() == batch_tokens[row].tolist()
+            assert torch.allclose(single.logits[0], batch_logits[row], atol=1e-4, rtol=0)
+            for layer in range(len(alone.layers)):
+                mine = batch_kept[layer][row]
+                expected = alone.kept_positions(layer)[0]
+                assert torch.equal(mine[:, :expected.shape[-1]], expected)
+                assert bool((mine[:, expected.shape[-1]:] == -1).all())  # padding never kept
+
+
+def _kept_trace(model, policy, ids, steps):
+    trace = []
+    policy.add_observer(lambda e: trace.append(e.kept_positions.clone()))
+    with prefill(model, policy, ids) as state:
+        decode_n_tokens(state, steps)
+    return trace, state.tokens
+
+
+def test_keyformer_noise_is_seeded_and_none_at_unit_temperature_is_h2o(arch_model):
+    arch, model = arch_model
+    ids = prompt(seed=2)
+    first, _ = _kept_trace(model, make_policy("keyformer", seed=7, max_new_tokens=STEPS + 1), ids, STEPS)
+    again, _ = _kept_trace(model, make_policy("keyformer", seed=7, max_new_tokens=STEPS + 1), ids, STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    plain, plain_tokens = _kept_trace(
+        model, make_policy("keyformer", noise="none", tau_init=1.0, tau_end=1.0, recent_ratio=0.3), ids, STEPS)
+    h2o, h2o_tokens = _kept_trace(model, make_policy("h2o", recent_ratio=0.3), ids, STEPS)
+    assert len(plain) == len(h2o) and all(torch.equal(a, b) for a, b in zip(plain, h2o))
+    assert torch.equal(plain_tokens, h2o_tokens)
+    assert any(not torch.equal(a, b) for a, b in zip(first, plain))  # the Gumbel noise does change choices
+
+
+def test_zero_recent_ratio_means_pure_key_tokens():
+    """r = 0 still evicts down to k (the official code's r = 0 disabled eviction)."""
+    model = build("llama_gqa")
+    policy = make_policy("h2o", cache_ratio=0.25, recent_ratio=0.0)
+    with prefill(model, policy, prompt()) as state:
+        decode_n_tokens(state, 3)
+        assert int(policy.recent[0]) == 0
+        assert policy.kv_lengths() == [PROMPT_LEN // 4] * 2
+
+
+def test_keyformer_temperature_schedule_is_linear():
+    policy = make_policy("keyformer", tau_init=1.0, tau_end=2.0, max_new_tokens=10)
+    assert [policy.temperature(t) for t in (0, 5, 10)] == [1.0, 1.5, 2.0]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        make_policy("keyformer").temperature(3)
+
+
+def test_beam_search_reorders_slots_and_scores():
+    model = build("llama_gqa")
+    policy = make_policy("keyformer", cache_ratio=0.5, max_new_tokens=4)
+    ids = torch.cat([prompt(seed=3), prompt(seed=4)])
+    with prefill(model, policy, ids) as state:
+        layer = policy.layers[1]
+        before = {n: getattr(layer, n).clone() for n in ("keys", "positions", "scores")}
+        state.cache.reorder_cache(torch.tensor([1, 0]))
+        for n, tensor in before.items():
+            assert torch.equal(getattr(layer, n), tensor.flip(0))
+    beams = make_policy("keyformer", cache_ratio=0.5)
+    with beams.apply(model):
+        out = model.generate(prompt(seed=3), max_new_tokens=5, num_beams=3, do_sample=False)
+    assert out.shape == (1, PROMPT_LEN + 5)
+    assert beams.kv_lengths() == [PROMPT_LEN // 2] * 2
+
+
+def test_scores_aggregate_over_the_query_heads_of_a_kv_group():
+    model = build("llama_gqa")  # 4 query heads, 2 KV heads
+    policy = make_policy("h2o", cache_ratio=0.5)
+    with prefill(model, policy, prompt()):
+        scores = policy.layers[0].scores
+        assert scores.shape[1] == 2
+        # column sums of two heads' causal softmax over 24 queries: each head contributes 24 in total
+        kept_total = scores[0, :, :PROMPT_LEN // 2].sum(-1)
+        assert bool((kept_total <= 2 * PROMPT_LEN + 1e-3).all()) and bool((kept_total > PROMPT_LEN).all())
+        assert policy.score_work.elements == 2 * 4 * PROMPT_LEN * PROMPT_LEN  # layers x q heads x n x n
+
+
+def test_synthetic_state_decodes_at_budget():
+    model = build("gpt2")
+    policy = make_policy("keyformer", cache_ratio=0.5)
+    with synthetic_state(model, policy, batch=2, context_len=200, seed=1) as state:
+        assert policy.kv_lengths() == [100, 100]
+        held = policy.kept_positions(0)
+        assert held.shape == (2, 4, 100) and int(held.max()) == 199
+        decode_one_token(state)
+        decode_one_token(state)
+        assert policy.kv_lengths() == [100, 100]
+        assert int(policy.kept_positions(1).max()) == 201
+        assert policy.score_work.by_step[1]["elements"] == 2 * 2 * 4 * 101
+    again = make_policy("keyformer", cache_ratio=0.5)
+    with synthetic_state(model, again, batch=2, context_len=200, seed=1):
+        assert torch.equal(again.kept_positions(0), held)
+
+
+def test_renumbered_positions_feed_the_compressed_length():
+    model = build("gpt2")
+    seen = []
+    handle = model.transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw.get("position_ids")), with_kwargs=True)
+    try:
+        for mode in ("original", "renumber"):
+            policy = make_policy("h2o", cache_ratio=0.5, position_mode=mode)
+            with prefill(model, policy, prompt()) as state:
+                decode_one_token(state)
+    finally:
+        handle.remove()
+    assert seen[1].tolist() == [[PROMPT_LEN]] and seen[3].tolist() == [[PROMPT_LEN // 2]]
+
+
+def test_unsupported_configurations_are_refused():
+    from transformers import MistralConfig, MistralForCausalLM
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=1, num_attention_heads=2,
+                                               num_key_value_heads=1, sliding_window=16))
+    with pytest.raises(ValueError, match="sliding-window"):
+        with make_policy("h2o").apply(mistral):
+            pass
+    model = build("llama_gqa")
+    model.generation_config.cache_implementation = "static"
+    with pytest.raises(ValueError, match="static"):
+        with make_policy("h2o").apply(model):
+            pass
+
+
+def test_make_policy_validates():
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("snapkv")
+    with pytest.raises(ValueError, match="no parameter"):
+        make_policy("h2o", noise="gumbel")
+    with pytest.raises(ValueError, match="cache_ratio"):
+        make_policy("keyformer", cache_ratio=1.5)
+    with pytest.raises(ValueError, match="noise"):
+        make_policy("keyformer", noise="uniform")

@@ -1,0 +1,206 @@
+"""Capturing traces: run a real model under KV policies over real inputs and write a trace folder.
+
+    from traces.capture import CaptureConfig, run_capture
+    run_capture(CaptureConfig(model="stories260k", policies=["full", "h2o"], dataset="tinystories",
+                              n=4, max_new_tokens=16, out="/tmp/t"))
+
+CLI: `python -m traces.capture --help`. torch is imported only once a capture starts, so the CLI can set
+OMP_WAIT_POLICY first (it must be set before OpenMP starts to matter).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from traces import schema
+from traces.datasets import dataset_info, load_samples
+
+DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass
+class CaptureConfig:
+    model: str
+    policies: list  # policy specs: "h2o", "keyformer:noise=gaussian" (strings) or PolicySpec
+    dataset: str
+    out: Path
+    n: int = 8
+    max_new_tokens: int = 32
+    cache_ratios: tuple = DEFAULT_RATIOS
+    recent_ratio: float | None = None  # None: each policy's own default
+    device: str = "cpu"
+    dtype: str = "fp32"
+    seed: int = 0
+    max_prompt_tokens: int | None = None
+    teacher_forced: bool | None = None  # None: the dataset's mode (long-text is teacher-forced)
+    threads: int | None = None  # torch CPU threads (None: torch's default); recorded in the manifest
+    overwrite: bool = False
+    progress: bool = True
+    specs: list = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from traces.capture.spec import PolicySpec
+
+        self.out = Path(self.out).expanduser()
+        if not self.policies:
+            raise ValueError("give at least one --policy")
+        self.specs = [p if isinstance(p, PolicySpec) else PolicySpec.parse(p) for p in self.policies]
+        labels = [s.label for s in self.specs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"policy given twice: {', '.join(labels)}")
+        self.cache_ratios = tuple(float(r) for r in self.cache_ratios)
+        if not self.cache_ratios or any(not 0.0 < r <= 1.0 for r in self.cache_ratios):
+            raise ValueError(f"cache ratios must be in (0, 1], got {list(self.cache_ratios)}")
+        if len(set(self.cache_ratios)) != len(self.cache_ratios):
+            raise ValueError("a cache ratio is given twice")
+        if self.recent_ratio is not None and not 0.0 <= self.recent_ratio <= 1.0:
+            raise ValueError(f"--recent-ratio must be in [0, 1], got {self.recent_ratio}")
+        if self.n < 1:
+            raise ValueError(f"--n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 2:
+            raise ValueError(f"--max-prompt-tokens must be >= 2, got {self.max_prompt_tokens}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"--dtype must be fp32, bf16 or fp16, got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        dataset_info(self.dataset)  # unknown names fail here, before any model loads
+
+    def ratios_for(self, spec) -> tuple:
+        """The full cache has one setting: it is captured at ratio 1.0 only."""
+        return (1.0,) if spec.name == "full" else self.cache_ratios
+
+    def settings(self, sample_ids: list[str]) -> dict:
+        """What identifies this capture (a resume must match it exactly)."""
+        return {"model": self.model, "policies": [s.label for s in self.specs],
+                "cache_ratios": list(self.cache_ratios), "recent_ratio": self.recent_ratio,
+                "dataset": self.dataset, "n": self.n, "sample_ids": sample_ids,
+                "max_new_tokens": self.max_new_tokens, "device": self.device, "dtype": self.dtype,
+                "seed": self.seed, "max_prompt_tokens": self.max_prompt_tokens, "mode": self.mode()}
+
+    def mode(self) -> str:
+        if self.teacher_forced is None:
+            return dataset_info(self.dataset).mode
+        return "teacher_forced" if self.teacher_forced else "generate"
+
+
+def _versions() -> dict:
+    import numpy
+    import pandas
+    import pyarrow
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "numpy": numpy.__version__,
+            "pandas": pandas.__version__, "pyarrow": pyarrow.__version__}
+
+
+def _environment(device) -> dict:
+    import torch
+
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "torch_threads": torch.get_num_threads(),
+           "cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def run_capture(config: CaptureConfig) -> Path:
+    """Capture every (sample, policy, ratio) not already on disk, then consolidate. Returns the folder."""
+    import torch
+    from tqdm import tqdm
+
+    from traces.capture import store
+    from traces.capture.prompts import forced_ids, prompt_format, prompt_ids
+    from traces.capture.run import capture_one, make_policy
+    from traces.models import load_model
+
+    info = dataset_info(config.dataset)
+    samples = load_samples(config.dataset, config.n, config.seed)
+    if len(samples) < config.n:
+        print(f"note: dataset {config.dataset} has only {len(samples)} samples (asked for {config.n})",
+              file=sys.stderr)
+    for spec in config.specs:  # bad policy names/parameters fail before the model loads
+        for ratio in config.ratios_for(spec):
+            make_policy(spec, ratio, config.recent_ratio, config.max_new_tokens, config.seed)
+    out = config.out
+    settings = config.settings([s.id for s in samples])
+    if config.overwrite and out.exists():
+        for name in (schema.MANIFEST, schema.KV, schema.KEPT, schema.STEPS, schema.TEXTS, store.CAPTURE_CONFIG):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / store.SHARDS, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    lm = load_model(config.model, device=config.device, dtype=config.dtype)
+    # Every prompt is built before the first run, so a sample that cannot fit fails now, not an hour in.
+    prompts = {s.id: prompt_ids(lm, s, info, config.max_prompt_tokens) for s in samples}
+    forced = {s.id: forced_ids(lm, s, config.max_new_tokens) for s in samples} if config.mode() == "teacher_forced" else {}
+    resuming = store.check_resume(out, settings)
+    if resuming and not (out / store.CAPTURE_CONFIG).exists():
+        print(f"{out}: already complete", file=sys.stderr)
+        return out
+    store.write_json(out / store.CAPTURE_CONFIG, settings)
+
+    torch.manual_seed(config.seed)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+
+    runs = [(sample, spec, ratio) for sample in samples for spec in config.specs
+            for ratio in config.ratios_for(spec)]
+    keys = [store.shard_key(spec.label, ratio, sample.id) for sample, spec, ratio in runs]
+    formats = set()
+    todo = [(run, key) for run, key in zip(runs, keys) if not store.shard_done(out, key)]
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"capture {lm.name}", unit="run",
+               disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
+    shadow_memo: dict = {}
+    memo_sample = None
+    for (sample, spec, ratio), key in todo:
+        if memo_sample != sample.id:  # full-cache passes are shared by the runs of one sample only
+            shadow_memo, memo_sample = {}, sample.id
+        bar.set_postfix_str(f"{sample.id} {spec.label} r={ratio:g}")
+        started = time.perf_counter()
+        result = capture_one(lm, spec, ratio, config.recent_ratio, prompts[sample.id], forced.get(sample.id),
+                             config.max_new_tokens, config.seed, sample.id, sample.reference, shadow_memo)
+        result.text["run_wall_s"] = time.perf_counter() - started
+        store.write_shard(out, key, result)
+        bar.update(1)
+    bar.close()
+
+    import json
+    wall = sum(json.loads((out / store.SHARDS / k / "text.json").read_text()).get("run_wall_s", 0.0) for k in keys)
+    for sample in samples:
+        formats.add(prompt_format(lm, sample))
+    policy_params = {}
+    for spec in config.specs:
+        params = make_policy(spec, config.ratios_for(spec)[0], config.recent_ratio, config.max_new_tokens,
+                             config.seed).params()
+        params.pop("cache_ratio", None)
+        policy_params[spec.label] = {"name": spec.name, "params": params}
+    manifest = {
+        "schema_version": schema.SCHEMA_VERSION, "kind": schema.KIND,
+        "model": lm.describe(),
+        "policy": {"names": [s.label for s in config.specs], "variants": policy_params,
+                   "cache_ratios": list(config.cache_ratios), "recent_ratio": config.recent_ratio},
+        "dataset": {"name": config.dataset, "task": info.task, "mode": config.mode(), "source": info.source,
+                    "n": len(samples), "sample_ids": [s.id for s in samples],
+                    "max_prompt_tokens": config.max_prompt_tokens, "prompt_format": sorted(formats),
+                    "prompt_lens": {s.id: len(prompts[s.id]) for s in samples}},
+        "max_new_tokens": config.max_new_tokens,
+        "device": config.device, "dtype": config.dtype, "versions": _versions(), "seed": config.seed,
+        "wall_time_s": round(wall, 3), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "env": _environment(device), "capture": settings,
+    }
+    store.consolidate(out, keys, manifest)
+    return out

