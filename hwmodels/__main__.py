@@ -38,7 +38,7 @@ def show_rows(device) -> list[tuple[str, str, str]]:
                                ("compute_efficiency", SAMPLE_FLOPS, "ops")):
         curve = getattr(device, "bw_curve" if key == "bw_efficiency" else "compute_curve")
         fractions = curve(list(samples))
-        value = ", ".join(f"{format_quantity(s, kind)}: {f:.2f}" for s, f in zip(samples, fractions))
+        value = ", ".join(f"{format_quantity(s, kind)}: {f:.3g}" for s, f in zip(samples, fractions))
         sources = [f"{field.split('.', 1)[1]}: {text}" if "." in field else text
                    for field, text in src.items() if field.split(".")[0] == key]
         rows.append((key, value, " | ".join(sources)))

@@ -36,6 +36,9 @@ def resolve(name_or_path) -> Path:
                                 + ", ".join(list_devices()) + " (or give a path to a .yaml file)")
     path = Path(text).expanduser()
     if not path.exists():
+        shipped = DEVICES_DIR / path.name
+        if path.name == text and shipped.is_file():  # "h200-sxm.yaml" means the shipped file
+            return shipped
         raise HardwareFileError(path, None, "file not found")
     if not path.is_file():
         raise HardwareFileError(path, None, "not a file")

@@ -56,7 +56,10 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
     layer = policy.layers[module.layer_idx] if policy.layers else None
     if layer is None or not layer.is_initialized:
         raise ValueError("attention ran without the policy's cache (use_cache=False?)")
-    bias = attention_mask if layer.in_prefill else slot_bias(layer)
+    if layer.in_prefill:
+        bias = attention_mask
+    else:  # every slot is filled during a decode step when the batch shares one budget
+        bias = None if policy.dense_slots else slot_bias(layer)
     return attend(policy, layer, query, key, value, bias, scaling)
 
 
@@ -116,12 +119,19 @@ def mpt_attention_forward(self, hidden_states, position_bias=None, *args, **kwar
             bias = bias.masked_fill(attention_mask.bool(), torch.finfo(torch.float32).min)
     else:
         key_pos = layer.positions if policy.position_mode == "original" else _slot_ranks(layer.positions)
-        bias = slopes * key_pos.unsqueeze(2).float() + slot_bias(layer)
+        bias = slopes * key_pos.unsqueeze(2).float()
+        if not policy.dense_slots:
+            bias = bias + slot_bias(layer)
     out, probs = attend(policy, layer, query, key, value, bias, self.softmax_scale)
     return self.out_proj(out.reshape(batch, q_len, -1)), probs
 
 
-HANDWRITTEN_ATTENTION = {"mpt": mpt_attention_forward}
+HANDWRITTEN_ATTENTION = {"mpt": {"forward": mpt_attention_forward}}
+
+
+def attention_patches(model) -> dict:
+    """{method name: replacement} for architectures whose attention bypasses AttentionInterface."""
+    return HANDWRITTEN_ATTENTION.get(model.config.model_type) or compat.legacy_attention_patches(model)
 
 
 # ---- applying a policy to a model ------------------------------------------------------------------------
@@ -148,7 +158,7 @@ def check_supported(model) -> None:
     if generation is not None and getattr(generation, "cache_implementation", None) not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={generation.cache_implementation!r} is not supported: "
                          "the KV policies need the dynamic cache")
-    if config.model_type not in HANDWRITTEN_ATTENTION and not model._can_set_attn_implementation():
+    if not attention_patches(model) and not model._can_set_attn_implementation():
         raise ValueError(f"{config.model_type}: attention does not go through transformers' AttentionInterface")
 
 
@@ -227,7 +237,7 @@ def apply_policy(policy, model):
         raise ValueError("this policy is already applied to a model")
     check_supported(model)
     modules = attention_modules(model)
-    handwritten = HANDWRITTEN_ATTENTION.get(model.config.model_type)
+    patches = attention_patches(model)
     previous = model.config._attn_implementation
     cache_name = compat.cache_kwarg_name(model)
     takes_positions = compat.accepts_kwarg(model, "position_ids")
@@ -237,10 +247,11 @@ def apply_policy(policy, model):
     try:
         for module in modules.values():
             module._kvsim_policy = policy
-            if handwritten is not None:
+            if model.config.model_type == "mpt":
                 module._kvsim_slopes = alibi_slopes(model, module.n_heads, next(model.parameters()).device)
-                module.forward = types.MethodType(handwritten, module)
-        if handwritten is None:
+            for method, replacement in patches.items():
+                setattr(module, method, types.MethodType(replacement, module))
+        if not patches:
             model.set_attn_implementation(ATTENTION_NAME)
         model.generate = _schedule_aware_generate(policy, model.generate)
         policy._applied_to = model
@@ -248,9 +259,9 @@ def apply_policy(policy, model):
     finally:
         hook.remove()
         for module in modules.values():
-            for attr in ("_kvsim_policy", "_kvsim_slopes", "forward"):
+            for attr in ("_kvsim_policy", "_kvsim_slopes", *patches):
                 module.__dict__.pop(attr, None)
         model.__dict__.pop("generate", None)
-        if handwritten is None and model.config._attn_implementation != previous:
+        if not patches and model.config._attn_implementation != previous:
             model.set_attn_implementation(previous)
         policy._applied_to = None

@@ -160,6 +160,8 @@ class Policy:
         positions = valid.long().cumsum(-1) - 1
         self.prompt_positions = torch.where(valid, positions, -1)
         self.query_valid = valid
+        # With equal budgets every slot is filled once the newcomer is written: no slot mask is needed.
+        self.dense_slots = self.evicts and bool((self.budget == self.budget[0]).all())
         self.next_position = self.prompt_lengths.clone()  # original position of the next token
         self.step = -1
         self.score_work.reset()
@@ -173,6 +175,8 @@ class Policy:
         self.step += 1
         self.current_position = self.next_position.clone()
         self.next_position = self.next_position + 1
+        # tokens at positions above this floor form the recent window of this step (newcomer included)
+        self._window_floor = (self.current_position - self.recent).view(-1, 1, 1)
         if self.position_mode == "renumber":
             # The newcomer sits right after the tokens held (StreamingLLM-style query position).
             return self.budget.unsqueeze(-1)
@@ -182,7 +186,7 @@ class Policy:
         return self.current_position.view(batch, 1, 1).expand(batch, heads, 1)
 
     def _reorder_sequences(self, beam_idx: torch.Tensor) -> None:
-        for name in ("prompt_lengths", "budget", "recent", "next_position", "current_position"):
+        for name in ("prompt_lengths", "budget", "recent", "next_position", "current_position", "_window_floor"):
             tensor = getattr(self, name, None)
             if tensor is not None:
                 setattr(self, name, tensor.index_select(0, beam_idx.to(tensor.device)))
@@ -206,8 +210,7 @@ class Policy:
             if increment is not None:
                 if layer.in_prefill:  # padded query rows attend to nothing real: they must not vote
                     increment = increment * self.query_valid[:, None, None, :, None]
-                increment = increment.sum(dim=3)
-                increment = increment.sum(dim=2) if self.gqa_reduce == "sum" else increment.mean(dim=2)
+                increment = _reduce_queries(increment, self.gqa_reduce)
             if layer.in_prefill:
                 self._select_prompt(layer, increment)
             else:
@@ -242,9 +245,18 @@ class Policy:
             layer.free_slot = layer.free_slot + 1
             return
         pos = layer.positions
-        batch = pos.shape[0]
-        newest = self.current_position.to(pos.device).view(batch, 1, 1)
-        protected = pos > newest - self.recent.to(pos.device).view(batch, 1, 1)
-        ranking = self.priority(pos, layer.scores).float()
-        ranking = torch.where(protected | (pos < 0), math.inf, ranking)
+        protected = pos > self._window_floor  # the w newest tokens, newcomer included
+        if not self.dense_slots:
+            protected |= pos < 0  # sequences with a smaller budget than the batch maximum
+        ranking = self.priority(pos, layer.scores).masked_fill(protected, math.inf)
         layer.evict(ranking.argmin(dim=-1))
+
+
+def _reduce_queries(increment: torch.Tensor, gqa_reduce: str) -> torch.Tensor:
+    """(B, H_kv, G, q, S) -> (B, H_kv, S): column sums over the queries, sum or mean over the group."""
+    batch, kv_heads, group, q_len, slots = increment.shape
+    if q_len > 1:
+        increment = increment.sum(dim=3, keepdim=True)
+    if group > 1:
+        increment = increment.sum(dim=2, keepdim=True) if gqa_reduce == "sum" else increment.mean(dim=2, keepdim=True)
+    return increment.view(batch, kv_heads, slots)

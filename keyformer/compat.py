@@ -4,6 +4,8 @@
   works through `@deprecate_kwarg` until 5.40, and outputs keep a `.past_key_values` property).
 - `cache_position` is gone since 5.5: masks are sized from the cache (`get_mask_sizes(query_length)`,
   `get_query_offset`) and nothing here relies on it.
+- GPT-J computes attention in a hand-written `GPTJAttention._attn` up to 5.17 (it goes through
+  `AttentionInterface` in 5.24): `legacy_attention_patches` routes that method to the slot attention.
 - Attention functions and mask functions are registered through `AttentionInterface` and
   `AttentionMaskInterface`; their module paths are stable across 5.x.
 """
@@ -21,6 +23,7 @@ TRANSFORMERS_VERSION = transformers.__version__
 SUPPORTED = ((5, 17), (5, 24))
 
 __all__ = [
+    "legacy_attention_patches",
     "AttentionInterface", "AttentionMaskInterface", "Cache", "CacheLayerMixin", "DynamicCache", "DynamicLayer",
     "TRANSFORMERS_VERSION", "cache_kwarg_name", "get_cache", "set_cache", "output_cache", "eager_mask",
     "check_version", "register_attention", "accepts_kwarg", "filled_dynamic_cache",
@@ -88,3 +91,20 @@ def filled_dynamic_cache(keys: list[torch.Tensor], values: list[torch.Tensor]) -
     for layer_idx, (k, v) in enumerate(zip(keys, values)):
         cache.update(k, v, layer_idx)
     return cache
+
+
+def legacy_attention_patches(model) -> dict:
+    """{method name: replacement} for attention modules that, in this transformers version, compute attention
+    by hand instead of through AttentionInterface (empty when the interface is used)."""
+    if model.config.model_type == "gptj":
+        from transformers.models.gptj import modeling_gptj
+        if hasattr(modeling_gptj.GPTJAttention, "_attn"):
+            return {"_attn": _gptj_legacy_attn}
+    return {}
+
+
+def _gptj_legacy_attn(self, query, key, value, attention_mask=None):
+    """GPTJAttention._attn (<= 5.17): (B, H, q, D) in and out, logits / sqrt(head_dim)."""
+    from keyformer.attention import slot_attention
+    out, weights = slot_attention(self, query, key, value, attention_mask, scaling=1.0 / self.scale_attn)
+    return out.transpose(1, 2), weights

@@ -39,9 +39,11 @@ class KeyformerPolicy(Policy):
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self._generator = None
+        self._pool, self._pool_step = None, None
 
     def begin_sequence(self) -> None:
         self._generator = None  # reseeded lazily on the logits' device: same seed, same kept tokens
+        self._pool, self._pool_step = None, None
 
     def temperature(self, t: int) -> float:
         """tau_t = tau_init + t (tau_end - tau_init) / T, t = 0 at the prompt, t = s + 1 at decode step s."""
@@ -52,25 +54,39 @@ class KeyformerPolicy(Policy):
                              "make_policy or to generate()/decode_n_tokens")
         return self.tau_init + t * (self.tau_end - self.tau_init) / self.max_new_tokens
 
-    def _noise(self, like: torch.Tensor) -> torch.Tensor | float:
+    def _negative_noise(self, like: torch.Tensor) -> torch.Tensor | float:
+        """-zeta for the logits (subtracted: saves one negation per element on the hot path).
+
+        Decode steps draw the noise of all layers at once at the step's first layer (one generator call
+        per step instead of one per layer; the draws are the same i.i.d. numbers, in a fixed order)."""
         if self.noise == "none":
             return 0.0
         if self.noise == "constant":
-            return GUMBEL_MEAN
+            return -GUMBEL_MEAN
         if self._generator is None or self._generator.device != like.device:
             self._generator = torch.Generator(device=like.device).manual_seed(self.seed)
+        layer = self._active_layer
+        if like.shape[3] > 1:  # prompt: layer by layer (a pool would hold n_layers * n^2 values)
+            return self._draw(like.shape, like)
+        if self._pool_step != self.step or self._pool.shape[1:] != like.shape:
+            self._pool = self._draw((len(self.layers),) + tuple(like.shape), like)
+            self._pool_step = self.step
+        return self._pool[layer]
+
+    def _draw(self, shape, like: torch.Tensor) -> torch.Tensor:
         if self.noise == "gaussian":
-            return torch.randn(like.shape, generator=self._generator, device=like.device,
-                               dtype=like.dtype).mul_(GUMBEL_STD).add_(GUMBEL_MEAN)
-        uniform = torch.rand(like.shape, generator=self._generator, device=like.device, dtype=like.dtype)
-        tiny = torch.finfo(like.dtype).tiny
-        return uniform.clamp_(min=tiny, max=1.0 - 1e-7).log_().neg_().log_().neg_()  # -log(-log u)
+            return torch.randn(shape, generator=self._generator, device=like.device,
+                               dtype=like.dtype).mul_(-GUMBEL_STD).sub_(GUMBEL_MEAN)
+        # Gumbel(0, 1) = -log(-log u). u = 0 (probability 2^-24) gives zeta = -inf: that token's noisy
+        # logit is -inf, i.e. an extreme but valid draw; it only zeroes its share of this step's score.
+        uniform = torch.rand(shape, generator=self._generator, device=like.device, dtype=like.dtype)
+        return uniform.log_().neg_().log_()
 
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         tau = self.temperature(self.step + 1)
-        noisy = logits + self._noise(logits)
+        noisy = logits - self._negative_noise(logits)
         if tau != 1.0:
-            noisy = noisy / tau
+            noisy = noisy.div_(tau)
         return torch.softmax(noisy, dim=-1)
 
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:

@@ -31,6 +31,8 @@ def run(main: Callable[[list[str] | None], int | None], argv=None) -> int:
     """Call `main(argv)`, turning user errors into one line on stderr and exit code 2."""
     try:
         return main(argv) or 0
+    except SystemExit as exc:     # argparse: --help (0) or a bad flag (2, message already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

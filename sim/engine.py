@@ -1,7 +1,7 @@
 """The analytic roofline engine: operator tables -> step times -> request latency, memory and capacity.
 
 Pure numpy. `evaluate(...)` takes arrays of design points (batch, beams, prompt, gen, cache ratio,
-recent ratio) for one (device, model, policy, dtypes, profile) and returns arrays of results; `predict`
+recent ratio, dtypes) for one (device, model, policy, profile) and returns arrays of results; `predict`
 is that same path for one point plus the operator tables. Time per operator is
     max(FLOPs / (peak * compute_eff(FLOPs)), bytes / (bw * bw_eff(bytes))) + launches * launch_overhead
 and a step adds the device's host overhead. docs/sim.md has the formulas and assumptions.
@@ -23,7 +23,7 @@ from hwmodels.dtypes import canonical_dtype, dtype_bytes
 from sim import kvlen
 from sim.models import ModelSpec, load_model
 from sim.ops import BYTE_FIELDS, FIELDS, SCORE_BYTES, Op, OpContext, dense_ops, forward_ops, group_ops
-from sim.profiles import CORE_OPS, Profile, get_profile
+from sim.profiles import CORE_OPS, PROFILES, Profile, get_profile
 
 DECODE_NODES = 9                # quadrature nodes over the decode steps when the KV length varies
 MAX_BATCH_LIMIT = 1 << 22       # search ceiling for max_batch (4M sequences)
@@ -72,7 +72,8 @@ def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", p
     ident = lambda o: o if isinstance(o, str) else id(o)
     key = (ident(hw), ident(model), policy, weight_dtype, kv_dtype, ident(profile))
     hit = _SETUP_CACHE.get(key)
-    if hit is not None and (isinstance(hw, str) or hit[1] is hw) and (isinstance(model, str) or hit[2] is model):
+    if (hit is not None and (isinstance(hw, str) or hit[1] is hw) and (isinstance(model, str) or hit[2] is model)
+            and (not isinstance(profile, str) or PROFILES.get(profile) is hit[0].profile)):   # re-registered?
         return hit[0]
     hw_obj, model_obj = resolve_device(hw), load_model(model)
     wd, kd = canonical_dtype(weight_dtype), canonical_dtype(kv_dtype)
@@ -127,7 +128,7 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1) -> TimedOps:
     hw, n_layers = s.hw, s.model.n_layers
     flops = _stack([op.flops for op in ops])
     byte_parts = {f: _stack([getattr(op, f) for op in ops]) for f in BYTE_FIELDS}
-    nbytes = byte_parts["weight_bytes"] + byte_parts["act_bytes"] + byte_parts["kv_read_bytes"] + byte_parts["kv_write_bytes"]
+    nbytes = sum(byte_parts[f] for f in BYTE_FIELDS)
     flops, nbytes = np.broadcast_arrays(flops, nbytes)
     extra = (1,) * (flops.ndim - 1)
     gemm = np.array([op.gemm for op in ops]).reshape(-1, *extra)
@@ -270,7 +271,7 @@ def _max_batch(s: "Setup", prompt, beams, peak_tokens):
 
     Memory grows monotonically with the batch, so a vectorised bisection finds it for any profile."""
     cap = float(s.hw.memory_bytes)
-    shape = np.broadcast_shapes(np.shape(prompt), np.shape(beams), np.shape(peak_tokens), np.shape(s.wb), np.shape(s.kvb))
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, peak_tokens, s.wb, s.kvb)))
     fits = lambda b: _memory(s, b * beams, peak_tokens, prompt) <= cap
     lo = np.zeros(shape)
     hi = np.full(shape, float(MAX_BATCH_LIMIT) + 1)
@@ -350,7 +351,8 @@ def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_
     """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,)."""
     col = lambda a: np.asarray(a, float)[:, None, None]                      # (P, 1, 1)
     b, k, n, p, r = col(batch), col(beams), col(prompt), col(cache_ratio), col(recent_ratio)
-    per_point = {f: col(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector") if np.ndim(getattr(s, f))}
+    per_point = {f: col(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector")
+                 if np.ndim(getattr(s, f))}
     if per_point:                                                            # mixed dtypes: widths per point
         s = replace(s, **per_point)
     pre = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r))))
@@ -410,8 +412,12 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     if kv_override is not None:
         if batch.size != 1:
             raise ValueError("kv_override applies to a single design point")
+        held = np.asarray(kv_override, dtype=float).mean(axis=1)   # all rows, incl. the state after the last step
         kv_override = _check_override(kv_override, int(gen[0]), s.model.n_layers)
-        peak_tokens = np.array([max(prompt[0], kv_override.mean(axis=1).max() + 1.0)])
+        # same convention as kvlen.peak_kv_tokens: full reserves its final length (last row = n+gen);
+        # an evicting policy holds one token over its budget between append and eviction
+        appended = 0.0 if s.policy == "full" else 1.0
+        peak_tokens = np.array([max(prompt[0], held.max() + appended)])
     else:
         peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio)
     out = _latency(s, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, keep_ops=_keep_ops)
@@ -506,14 +512,16 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
         t = _table(dec, index, w)
         t.insert(0, "step", label)
         tables.append(t)
-    inputs = dict(hw=s.hw.name, model=s.model.name, batch=int(batch), beams=int(beams), prompt=int(prompt), gen=int(gen),
+    inputs = dict(hw=s.hw.name, model=s.model.name, batch=int(batch), beams=int(beams), prompt=int(prompt),
+                  gen=int(gen),
                   policy=s.policy, cache_ratio=float(cache_ratio), recent_ratio=float(recent_ratio),
                   kv_dtype=s.kv_dtype, weight_dtype=s.weight_dtype, profile=s.profile.name,
                   kv_source="trace" if kv_override is not None else "formula")
     extra = dict(decode_bound=str(r["decode_bound"][0]), kv_bytes_per_token=float(r["kv_bytes_per_token"][0]),
                  peak_kv_tokens=float(r["peak_kv_tokens"][0]), weight_bytes=float(s.model.weight_bytes(s.weight_dtype)),
                  decode_kv_read_bytes=float(r["decode_kv_read_bytes"][0]), fits=bool(r["fits"][0]),
-                 device_memory_bytes=float(s.hw.memory_bytes))
+                 device_memory_bytes=float(s.hw.memory_bytes),
+                 exceeds_max_positions=bool(s.model.max_positions and prompt + gen > s.model.max_positions))
     return Prediction(inputs=inputs, ttft_s=float(r["ttft_s"][0]), tpot_s=float(r["tpot_s"][0]),
                       e2e_s=float(r["e2e_s"][0]), tokens_per_s=float(r["tokens_per_s"][0]),
                       peak_memory_bytes=float(r["peak_memory_bytes"][0]), max_batch=int(r["max_batch"][0]),

@@ -146,7 +146,8 @@ def _opt(c):
 def _bloom(c):
     d = _req(c, "hidden_size", "n_embed")
     # BLOOM has no max-position field (ALiBi extrapolates); it was trained at seq_length 2048.
-    return dict(n_layers=_req(c, "n_layer", "num_hidden_layers"), d_model=d, n_heads=_req(c, "n_head", "num_attention_heads"),
+    return dict(n_layers=_req(c, "n_layer", "num_hidden_layers"), d_model=d,
+                n_heads=_req(c, "n_head", "num_attention_heads"),
                 d_ff=4 * d, vocab_size=_req(c, "vocab_size"), gated_mlp=False, tied=c.get("tie_word_embeddings", True),
                 positional="alibi", max_positions=c.get("seq_length", 2048))
 
@@ -167,7 +168,12 @@ def spec_from_config(cfg: dict, name: str, where: str = "") -> ModelSpec:
     except KeyError as missing:
         raise ValueError(f"{where}: missing field {missing.args[0]} for model_type {model_type!r}") from None
     n_heads, d_model = kw["n_heads"], kw["d_model"]
-    head_dim = kw.pop("head_dim", None) or (d_model // n_heads if isinstance(d_model, int) and isinstance(n_heads, int) else 0)
+    head_dim = kw.pop("head_dim", None)
+    if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
+        if d_model % n_heads:
+            raise ValueError(f"{where}: hidden size {d_model} is not divisible by {n_heads} heads "
+                             "and the config gives no head_dim")
+        head_dim = d_model // n_heads
     return ModelSpec(name=name, model_type=model_type, n_layers=kw["n_layers"], d_model=d_model, n_heads=n_heads,
                      n_kv_heads=kw.get("n_kv_heads") or n_heads, head_dim=head_dim, d_ff=kw["d_ff"],
                      vocab_size=kw["vocab_size"], gated_mlp=kw["gated_mlp"], tied_embeddings=bool(kw["tied"]),
@@ -190,7 +196,8 @@ def load_model(name_or_path) -> ModelSpec:
     if not path.is_file():
         if "/" in key or key.endswith(".json"):
             raise FileNotFoundError(f"model config {path} not found")
-        raise ValueError(f"unknown model {key!r}; shipped: {', '.join(list_models())} (or give a path to a config.json)")
+        raise ValueError(f"unknown model {key!r}; shipped: {', '.join(list_models())} "
+                         "(or give a path to a config.json)")
     try:
         cfg = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -86,7 +86,8 @@ def dense_ops(ctx: OpContext) -> list[Op]:
         Op("norms", True, flops=2 * NORM_FLOPS * tokens * d, weight_bytes=2 * d * wb,
            act_bytes=2 * 2 * tokens * d * ab, launches=_launch(ctx, "norms")),
         Op("qkv_proj", True, flops=2 * tokens * qkv_w, weight_bytes=qkv_w * wb,
-           act_bytes=tokens * (d + (m.n_heads + 2 * m.n_kv_heads) * hd) * ab, launches=_launch(ctx, "qkv_proj"), gemm=True),
+           act_bytes=tokens * (d + (m.n_heads + 2 * m.n_kv_heads) * hd) * ab, launches=_launch(ctx, "qkv_proj"),
+           gemm=True),
         Op("out_proj", True, flops=2 * tokens * out_w, weight_bytes=out_w * wb,
            act_bytes=tokens * (m.n_heads * hd + d) * ab, launches=_launch(ctx, "out_proj"), gemm=True),
         Op("mlp", True, flops=2 * tokens * mlp_w, weight_bytes=mlp_w * wb,
@@ -110,13 +111,15 @@ def attention_ops(ctx: OpContext) -> list[Op]:
     mat = ab if ctx.profile.materialise_scores else 0.0
     new_kv = rows * q * hkv * hd
     return [
-        Op("kv_write", True, act_bytes=2 * new_kv * ab, kv_write_bytes=2 * new_kv * kvb, launches=_launch(ctx, "kv_write")),
+        Op("kv_write", True, act_bytes=2 * new_kv * ab, kv_write_bytes=2 * new_kv * kvb,
+           launches=_launch(ctx, "kv_write")),
         Op("attn_scores", True, flops=2 * score_elems * hd,
            act_bytes=rows * q * h * hd * ab + new_kv * ab + score_elems * mat,
            kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_scores")),
         Op("softmax", True, flops=SOFTMAX_FLOPS * score_elems, act_bytes=2 * score_elems * mat,
            launches=_launch(ctx, "softmax")),
-        Op("attn_v", True, flops=2 * score_elems * hd, act_bytes=new_kv * ab + rows * q * h * hd * ab + score_elems * mat,
+        Op("attn_v", True, flops=2 * score_elems * hd,
+           act_bytes=new_kv * ab + rows * q * h * hd * ab + score_elems * mat,
            kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_v")),
     ]
 
@@ -138,7 +141,8 @@ def policy_decode_ops(ctx: OpContext) -> list[Op]:
         # score kernel reads them and read-modify-writes the accumulated score vector.
         Op("score_update", True, flops=SCORE_UPDATE_FLOPS[ctx.policy] * elems,
            act_bytes=2 * elems * SCORE_BYTES + 2 * state * SCORE_BYTES, launches=_launch(ctx, "score_update")),
-        Op("select_evict", True, flops=candidates, act_bytes=candidates * SCORE_BYTES, launches=_launch(ctx, "select_evict")),
+        Op("select_evict", True, flops=candidates, act_bytes=candidates * SCORE_BYTES,
+           launches=_launch(ctx, "select_evict")),
     ]
 
 

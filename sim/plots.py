@@ -58,6 +58,14 @@ def _default_slice(table: pd.DataFrame) -> dict:
                 profile=table["profile"].iloc[0])
 
 
+def _mark_empty(ax, values) -> None:
+    """Say why a panel is blank instead of leaving an empty frame."""
+    v = np.asarray(values, float)
+    if v.size == 0 or not np.any(np.nan_to_num(v) > 0):
+        ax.text(0.5, 0.5, "does not fit in memory\nat this slice", transform=ax.transAxes, ha="center",
+                va="center", fontsize=8, color="0.4")
+
+
 def _legend(axes):
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
@@ -73,17 +81,18 @@ def latency_vs_cache_ratio(table: pd.DataFrame, path: Path, batch=None) -> Path:
     fig, axes = _panels(plt, len(devices))
     for ax, dev in zip(axes, devices):
         d = t[t["hw"] == dev]
+        _mark_empty(ax, np.where(d["fits"], d["tpot_s"], np.nan))
         for policy, (color, style) in POLICY_STYLE.items():
             p = d[d["policy"] == policy].sort_values("cache_ratio")
             if len(p):
-                ax.plot(p["cache_ratio"], 1e3 * p["tpot_s"], color=color, ls=style, marker=MARKERS[policy], ms=4,
-                        mfc="none", label=policy)
+                ax.plot(p["cache_ratio"], 1e3 * p["tpot_s"].where(p["fits"]), color=color, ls=style,
+                        marker=MARKERS[policy], ms=4, mfc="none", label=policy)
         ax.set_title(dev, fontsize=9)
         ax.set_xlabel("cache ratio (KV budget / prompt)")
         ax.set_ylabel("mean TPOT (ms)")
         ax.grid(alpha=0.3)
     _legend(axes)
-    fig.suptitle(f"Decode latency vs cache ratio: {fixed['model']}, batch {fixed['batch']}, "
+    fig.suptitle(f"Decode latency vs cache ratio (gaps = out of memory): {fixed['model']}, batch {fixed['batch']}, "
                  f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
     return _save(fig, plt, path)
 
@@ -98,6 +107,7 @@ def throughput_vs_batch(table: pd.DataFrame, path: Path, ratio: float = 0.5) -> 
     fig, axes = _panels(plt, len(devices))
     for ax, dev in zip(axes, devices):
         d = t[(t["hw"] == dev) & ((t["cache_ratio"] == near) | (t["policy"] == "full"))]
+        _mark_empty(ax, d["tokens_per_s"].where(d["fits"]))
         for policy, (color, style) in POLICY_STYLE.items():
             p = d[d["policy"] == policy].drop_duplicates("batch").sort_values("batch")
             if len(p):
@@ -123,6 +133,7 @@ def max_batch_throughput_vs_cache_ratio(table: pd.DataFrame, path: Path) -> Path
     fig, axes = _panels(plt, len(devices))
     for ax, dev in zip(axes, devices):
         d = t[t["hw"] == dev]
+        _mark_empty(ax, d["max_batch_tokens_per_s"])
         for policy, (color, style) in POLICY_STYLE.items():
             p = d[d["policy"] == policy].drop_duplicates("cache_ratio").sort_values("cache_ratio")
             if len(p):

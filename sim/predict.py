@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -18,7 +19,6 @@ from sim.kvlen import POLICIES
 
 
 def ratio(text: str) -> float:
-    import argparse
     try:
         value = float(text)
     except ValueError:
@@ -89,7 +89,8 @@ def format_table(df: pd.DataFrame) -> str:
     out = pd.DataFrame({
         "op": df["op"], "FLOPs": df["flops"].map(lambda v: _si(v, "")),
         "weights": df["weight_bytes"].map(lambda v: _si(v, "B")), "acts": df["act_bytes"].map(lambda v: _si(v, "B")),
-        "KV read": df["kv_read_bytes"].map(lambda v: _si(v, "B")), "KV write": df["kv_write_bytes"].map(lambda v: _si(v, "B")),
+        "KV read": df["kv_read_bytes"].map(lambda v: _si(v, "B")),
+        "KV write": df["kv_write_bytes"].map(lambda v: _si(v, "B")),
         "FLOP/B": df["intensity"].map(lambda v: "-" if not np.isfinite(v) else f"{v:.1f}"), "bound": df["bound"],
         "time": df["time_s"].map(_time), "share": (df["time_s"] / total).map(lambda v: f"{100 * v:.1f}%"),
     })
@@ -117,6 +118,9 @@ def format_summary(pred: Prediction) -> str:
         f"peak {x['peak_kv_tokens']:,.0f} tokens per sequence",
         f"  max batch       {pred.max_batch} requests -> {pred.max_batch_tokens_per_s:,.1f} tokens/s",
     ]
+    if x.get("exceeds_max_positions"):
+        lines.append(f"note: prompt + gen = {i['prompt'] + i['gen']} exceeds the model's trained context; "
+                     "the numbers are a what-if")
     return "\n".join(lines)
 
 

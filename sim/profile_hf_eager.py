@@ -94,13 +94,14 @@ EAGER_LAUNCHES = {
 #   paper keyformer (official MPT attention.py, Gumbel path): copy.deepcopy of the logits (2 passes),
 #     noise (5 kernels, 9 passes), add, divide, softmax (3), sum over batch and beams, accumulate, tau
 #     update: ~14 kernels, ~24 passes; selection topk + mask rebuild + masked_fill (~6 kernels).
-#   paper h2o (HF H2O real-drop): probs sum over heads/beams, accumulate: ~3 kernels, ~5 passes; eviction
-#     topk + gather (~4 kernels).
+#   paper h2o: the paper's H2O baseline is the same attention code without the logit adjustment ("No logit
+#     adjustment ... mirroring the approach used in H2O", paper §4.4.3): the Gumbel path minus the noise
+#     (deepcopy, softmax, sums, accumulate: ~10 kernels, ~15 passes) and the same selection.
 POLICY_PATHS = {
     ("kvsim", "keyformer"): dict(score_launches=12, score_passes=26, evict_launches=10, evict_passes=8),
     ("kvsim", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=10, evict_passes=8),
     ("hf", "keyformer"): dict(score_launches=14, score_passes=24, evict_launches=6, evict_passes=4),
-    ("hf", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=4, evict_passes=4),
+    ("hf", "h2o"): dict(score_launches=10, score_passes=15, evict_launches=6, evict_passes=4),
 }
 # The paper's physical-eviction variants compact K/V every EVICT_INTERVAL steps (attention_keyformer_*).
 EVICT_INTERVAL = 8
@@ -206,7 +207,8 @@ def hf_prefill_ops(ctx: OpContext) -> list[Op]:
         ops.append(Op("policy_eager_passes", True, flops=24 * elems, act_bytes=24 * elems * SCORE_BYTES,
                       launches=20))
     elif ctx.policy == "h2o":
-        ops.append(Op("policy_eager_passes", True, flops=5 * elems, act_bytes=5 * elems * SCORE_BYTES, launches=3))
+        ops.append(Op("policy_eager_passes", True, flops=15 * elems, act_bytes=15 * elems * SCORE_BYTES,
+                      launches=14))
     return ops
 
 
@@ -255,6 +257,9 @@ def kvsim_prefill_ops(ctx: OpContext) -> list[Op]:
         Op("mask_bias", True, act_bytes=2 * elems * SCORE_BYTES + ctx.rows * q * n * SCORE_BYTES, launches=1),
         # after the prompt every policy (full too) ranks the prompt and gathers the kept K/V into the slot
         # buffer (base._select_prompt + SlotLayer.compact).
+        # keyformer.generate.prefill calls the model without logits_to_keep: logits for every prompt position.
+        Op("lm_head_all_positions", False, flops=2 * ctx.rows * (q - 1) * m.vocab_size * m.d_model,
+           act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True),
         Op("prompt_compact", True, kv_read_bytes=_kv_bytes(ctx, n * ctx.cache_ratio),
            kv_write_bytes=_kv_bytes(ctx, n * ctx.cache_ratio + 1),
            act_bytes=ctx.rows * m.n_kv_heads * n * (8 + 4 + 8), launches=12),

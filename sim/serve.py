@@ -11,16 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from hwmodels.dtypes import canonical_dtype
-from sim import engine, kvlen
+from sim import cli, engine, kvlen
 from sim.des.analytic import AnalyticTimer, PolicyKV, TraceKV, load_trace, memory_budget
 from sim.des.arrivals import ARRIVAL_KINDS, make_workload
 from sim.des.metrics import STAT_KEYS, ServeResult, build_result
@@ -83,9 +82,11 @@ class ServeConfig:
             raise ValueError(f"--arrivals {self.arrivals} needs --requests, --prompt and --gen")
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["hw"] = self.hw if isinstance(self.hw, str) else getattr(self.hw, "name", str(self.hw))
-        out["model"] = self.model if isinstance(self.model, str) else getattr(self.model, "name", str(self.model))
+        """Plain values; a loaded Device/ModelSpec is recorded by its name."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("hw", "model"):
+            if not isinstance(out[key], str):
+                out[key] = getattr(out[key], "name", str(out[key]))
         return out
 
 
@@ -169,8 +170,8 @@ def _missing(value) -> bool:
 # CLI
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sim.serve", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgumentParser(prog="python -m sim.serve", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--hw", required=True, help="device name (hwmodels list) or YAML path")
     p.add_argument("--model", required=True, help="model name (sim/models) or HF config.json path")
     p.add_argument("--policy", default="full", choices=kvlen.POLICIES)
@@ -209,9 +210,7 @@ def _parser() -> argparse.ArgumentParser:
 def _write_csv(frame, path: str) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    frame.to_csv(tmp, index=False)
-    os.replace(tmp, target)
+    cli.atomic_writer(target, lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def _ms(stats: dict) -> list[str]:
@@ -234,7 +233,8 @@ def format_report(res: ServeResult) -> str:
         f"{'total token throughput (tok/s)':32s}{res.total_tokens_per_s:.1f}",
         f"{'mean batch (max)':32s}{res.mean_batch:.1f} ({res.max_batch_seen})",
         f"{'mean in flight (max)':32s}{res.mean_in_flight:.1f} ({res.max_in_flight})",
-        f"{'busy fraction':32s}{res.busy_fraction:.3f}",
+        f"{'busy fraction':32s}{res.busy_fraction:.3f} (prefill {res.busy_s['prefill']:.2f} s, decode "
+        f"{res.busy_s['decode']:.2f} s, mixed {res.busy_s['mixed']:.2f} s)",
         f"{'KV peak / mean / capacity (GB)':32s}{res.peak_kv_bytes / gb:.2f} / {res.mean_kv_bytes / gb:.2f} / "
         f"{res.kv_capacity_bytes / gb:.2f}",
         f"{'peak memory (GB)':32s}{res.peak_memory_bytes / gb:.2f} of {c['device_memory_bytes'] / gb:.2f}",
@@ -251,40 +251,43 @@ def format_report(res: ServeResult) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.arrivals in ARRIVAL_KINDS and args.requests is None:
-            args.requests = 100
-        cfg = ServeConfig(
-            hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
-            recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,
-            gen=args.gen, arrivals=args.arrivals, cv=args.cv, seed=args.seed, kv_dtype=args.kv_dtype,
-            weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
-            chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
-            admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
-            trace=args.trace, trace_heads=args.trace_heads)
-        res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
-        if args.timeline:
-            _write_csv(res.timeline, args.timeline)
-        if args.per_request:
-            _write_csv(res.requests, args.per_request)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.arrivals in ARRIVAL_KINDS and args.requests is None:
+        args.requests = 100
+    cfg = ServeConfig(
+        hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
+        recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,
+        gen=args.gen, arrivals=args.arrivals, cv=args.cv, seed=args.seed, kv_dtype=args.kv_dtype,
+        weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
+        chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
+        admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
+        trace=args.trace, trace_heads=args.trace_heads)
+    res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
+    if args.timeline:
+        _write_csv(res.timeline, args.timeline)
+    if args.per_request:
+        _write_csv(res.requests, args.per_request)
     print(json.dumps(_jsonable(res.to_dict())) if args.json else format_report(res))
     return 0
 
 
+def main(argv=None) -> int:
+    """`python -m sim.serve`: user mistakes print one `error: ...` line and return 2."""
+    return cli.run(_main, argv)
+
+
 def _jsonable(value):
-    """Strict JSON: numpy scalars to Python, non-finite floats (qps = inf) to strings."""
+    """Strict JSON: numpy scalars to Python, NaN (no completed request) to null, inf (qps) to "inf"."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, (np.integer, np.floating, np.bool_)):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, float) and math.isinf(value):
         return str(value)
     return value
 

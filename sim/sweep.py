@@ -69,7 +69,8 @@ class GridConfig:
                     raise ValueError(f"grid {name}: expected positive integers, got {v!r}")
         for name, lo_open in (("cache_ratios", True), ("recent_ratios", False)):
             for v in getattr(self, name):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v <= 1 if lo_open else 0 <= v <= 1):
+                in_range = 0 < v <= 1 if lo_open else 0 <= v <= 1
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not in_range:
                     raise ValueError(f"grid {name}: {v!r} out of range {'(0, 1]' if lo_open else '[0, 1]'}")
         for v in self.policies:
             if v not in POLICIES:
@@ -213,7 +214,8 @@ def headline(table: pd.DataFrame, policy: str = "keyformer", ratio: float = 0.5)
     j = full.reset_index().merge(ev.reset_index(), on=["hw", "model"], suffixes=("_full", "_ev"))
     return pd.DataFrame({
         "device": j["hw"], "model": j["model"],
-        "TPOT full (ms)": (1e3 * j["tpot_s_full"]).round(2), f"TPOT {policy}@{near:g} (ms)": (1e3 * j["tpot_s_ev"]).round(2),
+        "TPOT full (ms)": (1e3 * j["tpot_s_full"]).round(2),
+        f"TPOT {policy}@{near:g} (ms)": (1e3 * j["tpot_s_ev"]).round(2),
         "speedup": (j["tpot_s_full"] / j["tpot_s_ev"]).round(2),
         "max batch full": j["max_batch_full"], f"max batch {policy}": j["max_batch_ev"],
         "tok/s @max batch full": j["max_batch_tokens_per_s_full"].round(0).astype(int),
@@ -238,7 +240,8 @@ def summary_markdown(table: pd.DataFrame, meta: dict) -> str:
         h = headline(table, policy, ratio)
         if not h.empty:
             p0, g0 = table["prompt"].max(), table["gen"].max()
-            lines += [f"### {policy} vs full, prompt {p0} + gen {g0}, batch {table['batch'].min()}", "", _md_table(h), ""]
+            title = f"### {policy} vs full, prompt {p0} + gen {g0}, batch {table['batch'].min()}"
+            lines += [title, "", _md_table(h), ""]
     fits = table["fits"].mean()
     lines += ["## Notes", "",
               f"- {100 * (1 - fits):.1f}% of points do not fit in device memory at their batch (column `fits`).",
@@ -253,18 +256,18 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m sim.sweep", description=__doc__.split("\n")[0])
     p.add_argument("--config", help="YAML file with grid axes (keys as in GridConfig)")
     p.add_argument("--out", help="output folder (default results/sweep-<UTC timestamp>)")
-    p.add_argument("--hw", "--devices", dest="hw", type=csv_list(str, "--hw"), help="devices, comma-separated")
-    p.add_argument("--models", type=csv_list(str, "--models"))
-    p.add_argument("--policies", type=csv_list(str, "--policies"))
-    p.add_argument("--cache-ratios", type=csv_list(float, "--cache-ratios"))
-    p.add_argument("--recent-ratios", type=csv_list(float, "--recent-ratios"))
-    p.add_argument("--batches", type=csv_list(int, "--batches"))
-    p.add_argument("--beams", type=csv_list(int, "--beams"))
-    p.add_argument("--prompts", type=csv_list(int, "--prompts"))
-    p.add_argument("--gens", type=csv_list(int, "--gens"))
-    p.add_argument("--kv-dtypes", type=csv_list(str, "--kv-dtypes"))
-    p.add_argument("--weight-dtypes", type=csv_list(str, "--weight-dtypes"))
-    p.add_argument("--profiles", type=csv_list(str, "--profiles"))
+    d = GridConfig.__dataclass_fields__
+    default = lambda name: ",".join(str(v) for v in d[name].default_factory()) if name != "hw" else "datasheet devices"
+    axes = [("--hw", "hw", str, "devices (names or YAML files)"), ("--models", "models", str, "models (names or configs)"),
+            ("--policies", "policies", str, "policies"), ("--cache-ratios", "cache_ratios", float, "cache ratios"),
+            ("--recent-ratios", "recent_ratios", float, "recent ratios"), ("--batches", "batches", int, "batch sizes"),
+            ("--beams", "beams", int, "beam widths"), ("--prompts", "prompts", int, "prompt lengths"),
+            ("--gens", "gens", int, "generation lengths"), ("--kv-dtypes", "kv_dtypes", str, "KV dtypes"),
+            ("--weight-dtypes", "weight_dtypes", str, "weight dtypes"), ("--profiles", "profiles", str, "profiles")]
+    for flag, dest, kind, what in axes:
+        names = (flag, "--devices") if flag == "--hw" else (flag,)
+        p.add_argument(*names, dest=dest, type=csv_list(kind, flag), metavar="A,B,..",
+                       help=f"{what}, comma-separated (default {default(dest)})")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p
 

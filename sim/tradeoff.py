@@ -119,40 +119,55 @@ def pareto_front(frame: pd.DataFrame, x: str, y: str, by: list[str] | str = "dev
     return out
 
 
-POLICY_MARKERS = {"full": "s", "window": "v", "streaming": "^", "h2o": "D", "keyformer": "o"}
+POLICY_STYLES = {"full": ("black", "s"), "window": ("tab:gray", "v"), "streaming": ("tab:green", "^"),
+                 "h2o": ("tab:blue", "D"), "keyformer": ("tab:red", "o")}
 
 
 def plot_pareto(frame: pd.DataFrame, x: str, y: str, path: str | Path | None = None, by: str = "device",
                 title: str | None = None):
-    """One panel per device: every policy x cache ratio as a point, the Pareto front as a line."""
+    """One panel per device: every policy x cache ratio as a point, the Pareto front as a line with
+    its points labelled by cache ratio."""
     import matplotlib
     if path is not None:
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     data = pareto_front(frame, x, y, by)
+    label = "policy_label" if "policy_label" in data.columns else "policy"
     groups = list(data.groupby(by, sort=True))
     cols = min(4, len(groups)) or 1
     rows = -(-len(groups) // cols) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     for ax, (name, group) in zip(axes.flat, groups):
-        for policy, points in group.groupby("policy"):
-            ax.scatter(points[x], points[y], marker=POLICY_MARKERS.get(policy, "x"), s=22, alpha=0.75,
-                       label=policy)
+        for policy, points in group.groupby(label):
+            color, marker = POLICY_STYLES.get(str(policy).split("(")[0], ("tab:purple", "x"))
+            variant = "(" in str(policy)
+            ax.scatter(points[x], points[y], marker=marker, s=24, alpha=0.8, label=policy,
+                       facecolors="none" if variant else color, edgecolors=color)
         front = group[group["pareto"]].sort_values(x)
         ax.plot(front[x], front[y], "k-", lw=1, alpha=0.7, label="Pareto front")
+        for _, point in front.iterrows():
+            if "cache_ratio" in point:
+                ax.annotate(f"{point['cache_ratio']:g}", (point[x], point[y]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
+        finite = group[x][np.isfinite(group[x]) & (group[x] > 0)]
+        if len(finite) and finite.max() / finite.min() > 10:
+            ax.set_xscale("log")
+        else:
+            ax.xaxis.set_major_formatter(EngFormatter())
         ax.set_title(str(name), fontsize=10)
-        ax.set_xscale("log")
         ax.set_xlabel(x.replace("_", " "))
         ax.set_ylabel(y)
+        ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95 if title else 1))
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95 if title else 1))
     if path is not None:
         save_figure(fig, path)
         plt.close(fig)

@@ -81,8 +81,10 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "fp32") -> Lo
         if not (folder / "config.json").exists():
             raise FileNotFoundError(f"model folder {folder} has no config.json")
         loaded = _load_hf_folder(folder, str(folder), str(folder))
-    elif "/" in name_or_dir:
-        loaded = _load_hf_folder(name_or_dir, name_or_dir, f"hf:{name_or_dir}")
+    elif name_or_dir.count("/") == 1 and not name_or_dir.startswith((".", "/", "~")):
+        loaded = _load_hf_folder(name_or_dir, name_or_dir, f"hf:{name_or_dir}")  # a HF id (local cache only)
+    elif "/" in name_or_dir or name_or_dir.startswith("."):
+        raise FileNotFoundError(f"model folder {name_or_dir} not found")
     else:
         raise ValueError(f"unknown model {name_or_dir!r}: give a model folder, a HF id, or one of "
                          f"{', '.join(list_named_models())}")
@@ -100,8 +102,9 @@ def _load_hf_folder(folder, name: str, source: str) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager",
                                                      dtype=torch.float32)
-    except OSError as exc:  # a hub id that is not cached locally, or an incomplete folder
-        raise FileNotFoundError(f"cannot load model {name}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError) as exc:  # a hub id not cached locally, an incomplete folder
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FileNotFoundError(f"cannot load model {name}: {first}") from None
     model.eval()
     return LoadedModel(model, tokenizer, name, source, trained=True,
                        chat=bool(getattr(tokenizer, "chat_template", None)))

@@ -28,7 +28,12 @@ def _style(policy: str) -> dict:
 
 
 def _panels(quality: pd.DataFrame):
-    return list(quality.groupby(["model", "dataset"], sort=True))
+    """One panel per trace folder that sweeps the cache ratio (single-ratio ablation traces are left out)."""
+    panels = []
+    for (model, dataset, trace), frame in quality.groupby(["model", "dataset", "trace"], sort=True):
+        if frame.loc[frame["policy"] != "full", "cache_ratio"].nunique() >= 2:
+            panels.append(((model, dataset, trace), frame))
+    return panels
 
 
 def _lines(ax, frame: pd.DataFrame, column: str, full_line: bool = True, pct99: bool = False) -> None:
@@ -61,8 +66,7 @@ def quality_figures(quality: pd.DataFrame, ablation: pd.DataFrame, out: Path) ->
     if not panels:
         return written
     fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.8 * len(panels)), squeeze=False)
-    for (model, dataset), frame in panels:
-        row = [p[0] for p in panels].index((model, dataset))
+    for row, ((model, dataset, trace), frame) in enumerate(panels):
         left, right = axes[row]
         if "ppl_ratio" in frame and frame["ppl_ratio"].notna().any():
             _lines(left, frame, "ppl_ratio")
@@ -77,30 +81,30 @@ def quality_figures(quality: pd.DataFrame, ablation: pd.DataFrame, out: Path) ->
                 _lines(right, frame, "self_rougeL", full_line=False)
                 right.set_ylabel("ROUGE-L vs full-cache output")
         n = int(frame["n_samples"].max())
-        left.set_title(f"{model} · {dataset} (n={n})")
-        right.set_title(f"{model} · {dataset}: fidelity to full cache")
+        left.set_title(f"{trace} (n={n})")
+        right.set_title(f"{trace}: fidelity to full cache")
         left.legend(fontsize=8)
     written.append(_save(fig, out / "fig7_rouge.png"))
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, ((model, dataset), frame) in zip(axes[0], panels):
+    for ax, ((model, dataset, trace), frame) in zip(axes[0], panels):
         _lines(ax, frame, "mass_retained", full_line=False)
         ax.plot([0, 1], [0, 1], color="lightgray", ls=":", label="uniform attention")
         ax.set_ylabel("attention mass retained")
         ax.set_ylim(0, 1.02)
-        ax.set_title(f"{model} · {dataset}")
+        ax.set_title(trace)
         ax.legend(fontsize=8)
     written.append(_save(fig, out / "fig3b_mass.png"))
 
     if not ablation.empty:
         metric = "rouge2" if "rouge2" in ablation and ablation["rouge2"].notna().any() else "mass_retained"
-        groups = list(ablation.groupby(["model", "dataset", "cache_ratio"]))
+        groups = list(ablation.groupby(["trace", "cache_ratio"]))
         fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.5), squeeze=False)
         order = ["gumbel", "gaussian", "constant", "none"]
-        for ax, ((model, dataset, ratio), rows) in zip(axes[0], groups):
+        for ax, ((trace, ratio), rows) in zip(axes[0], groups):
             rows = rows.set_index("noise").reindex([o for o in order if o in set(rows["noise"])])
             ax.bar(rows.index, rows[metric], color=["tab:red", "tab:purple", "tab:green", "tab:blue"][:len(rows)])
-            ax.set_title(f"{model} · {dataset} @ {ratio:g}")
+            ax.set_title(f"{trace} @ {ratio:g}")
             ax.set_ylabel(metric)
         written.append(_save(fig, out / "noise_ablation.png"))
     return written

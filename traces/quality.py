@@ -105,6 +105,7 @@ def trace_quality(trace: traces.Trace) -> pd.DataFrame:
     if "rouge2" in out and (out["policy"] == FULL).any():
         full_r2 = float(out.loc[out["policy"] == FULL, "rouge2"].iloc[0])
         out["rouge2_pct_full"] = 100.0 * out["rouge2"] / full_r2 if full_r2 > 0 else math.nan
+    out.insert(0, "trace", f"{trace.path.resolve().parent.name}/{trace.path.resolve().name}")
     out.insert(0, "dataset", trace.manifest["dataset"]["name"])
     out.insert(0, "model", trace.model["name"])
     out["trained_model"] = trace.model.get("trained", True)
@@ -116,12 +117,15 @@ def noise_ablation(quality: pd.DataFrame) -> pd.DataFrame:
     frame = quality.assign(noise=quality["policy"].map(noise_of)).dropna(subset=["noise"])
     if frame["noise"].nunique() < 2:
         return pd.DataFrame()
-    shared = frame.groupby(["model", "dataset", "cache_ratio"])["noise"].nunique()
+    keys = ["model", "dataset", "trace", "cache_ratio"]
+    shared = frame.groupby(keys)["noise"].nunique()
     shared = shared[shared >= 2].index
-    frame = frame.set_index(["model", "dataset", "cache_ratio"]).loc[shared].reset_index()
+    if shared.empty:
+        return pd.DataFrame()
+    frame = frame.set_index(keys).loc[shared].reset_index()
     cols = [c for c in ("rouge1", "rouge2", "rougeL", "self_rougeL", "mass_retained", "ppl", "top1_agreement")
             if c in frame]
-    return frame[["model", "dataset", "cache_ratio", "noise", "n_samples", *cols]]
+    return frame[["model", "dataset", "trace", "cache_ratio", "noise", "n_samples", *cols]]
 
 
 def _fmt(value) -> str:
@@ -150,7 +154,7 @@ def write_report(quality: pd.DataFrame, out: Path, title: str) -> list[Path]:
     os.replace(tmp, csv)
     ablation = noise_ablation(quality)
     main = quality[[noise_of(p) in (None, "gumbel") for p in quality["policy"]]]  # variants go to the ablation
-    shown = [c for c in ("model", "dataset", "policy", "cache_ratio", "n_samples", "rouge1", "rouge2", "rougeL",
+    shown = [c for c in ("model", "dataset", "trace", "policy", "cache_ratio", "n_samples", "rouge1", "rouge2", "rougeL",
                          "rouge2_pct_full", "self_rougeL", "mass_retained", "kept_fraction", "ppl", "ppl_ratio",
                          "top1_agreement", "decode_ms") if c in main]
     untrained = sorted(quality.loc[~quality["trained_model"].astype(bool), "model"].unique())

@@ -54,7 +54,7 @@ DEFAULT_MODELS = ("gpt2-small-rand", "llama-gqa-rand", "wide-mha-rand")
 DEFAULT_BATCHES = (1, 2, 4, 8)
 DEFAULT_CONTEXTS = (256, 1024, 4096)
 DEFAULT_POLICIES = ("full", "keyformer:0.2", "keyformer:0.5", "keyformer:1.0")
-DEFAULT_PREFILL = (128, 512)
+DEFAULT_PREFILL = (64, 256)
 TORCH_DTYPES = ("fp32", "bf16", "fp16")
 
 # One row per measured point. `kv_tokens` is what the simulator is fed: the mean number of tokens held per
@@ -63,8 +63,8 @@ TORCH_DTYPES = ("fp32", "bf16", "fp16")
 # slots for growth and for the incoming token).
 KEY_COLUMNS = ("phase", "policy", "cache_ratio", "batch", "context")
 TIMING_COLUMNS = KEY_COLUMNS + (
-    "kv_tokens", "slots", "median_s", "p10_s", "p90_s", "mean_s", "min_s", "repeats", "warmup",
-    "threads", "omp_wait_policy", "dtype", "measured_at")
+    "kv_tokens", "slots", "median_s", "p10_s", "p90_s", "mean_s", "min_s", "cpu_median_s", "repeats", "warmup",
+    "threads", "omp_wait_policy", "dtype", "load_1min", "measured_at")
 
 
 class TimingError(ValueError):
@@ -246,16 +246,17 @@ def time_decode(model, point: PolicyPoint, batch: int, context: int, grid: Timin
     with torch.inference_mode(), synthetic_state(model, policy, batch, context, seed=grid.seed) as state:
         for _ in range(grid.warmup):
             decode_one_token(state)
-        times, held, slots = [], [], []
+        times, cpu_times, held, slots = [], [], [], []
         for _ in range(grid.repeats):
             _sync(grid.device)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             decode_one_token(state)
             _sync(grid.device)
             times.append(time.perf_counter() - started)
+            cpu_times.append(time.thread_time() - cpu_started)
             held.append(_held_tokens(policy))
             slots.append(_attended_slots(state))
-    return _summary(times) | {"kv_tokens": float(np.mean(held)), "slots": int(np.max(slots))}
+    return _summary(times, cpu_times) | {"kv_tokens": float(np.mean(held)), "slots": int(np.max(slots))}
 
 
 def time_prefill(model, context: int, grid: TimingGrid) -> dict:
@@ -267,24 +268,29 @@ def time_prefill(model, context: int, grid: TimingGrid) -> dict:
     vocab = model.config.vocab_size
     input_ids = torch.randint(0, vocab, (1, context), generator=generator).to(grid.device)
     attention_mask = torch.ones_like(input_ids)
-    times = []
+    times, cpu_times = [], []
     with torch.inference_mode():
         for i in range(grid.warmup + grid.repeats):
             policy = make_project_policy(PolicyPoint("full", 1.0))
             _sync(grid.device)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             with prefill(model, policy, input_ids, attention_mask):
                 _sync(grid.device)
-                elapsed = time.perf_counter() - started
+                elapsed, cpu_elapsed = time.perf_counter() - started, time.thread_time() - cpu_started
             if i >= grid.warmup:
                 times.append(elapsed)
-    return _summary(times) | {"kv_tokens": float(context), "slots": int(context)}
+                cpu_times.append(cpu_elapsed)
+    return _summary(times, cpu_times) | {"kv_tokens": float(context), "slots": int(context)}
 
 
-def _summary(times: list[float]) -> dict:
+def _summary(times: list[float], cpu_times: list[float]) -> dict:
+    """Wall-clock statistics (the measurement) plus the median CPU time of the calling thread: with one
+    thread that is the step's own work, so a wall median well above it shows the point was disturbed
+    by other processes (the report prints both)."""
     arr = np.asarray(times, dtype=float)
     return {"median_s": float(np.median(arr)), "p10_s": float(np.percentile(arr, 10)),
-            "p90_s": float(np.percentile(arr, 90)), "mean_s": float(arr.mean()), "min_s": float(arr.min())}
+            "p90_s": float(np.percentile(arr, 90)), "mean_s": float(arr.mean()), "min_s": float(arr.min()),
+            "cpu_median_s": float(np.median(cpu_times))}
 
 
 # --- the output folder -------------------------------------------------------------------------------
@@ -391,11 +397,13 @@ def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_devic
         "schema_version": SCHEMA_VERSION, "kind": KIND,
         "model": {"name": name, "source": config.get("_source", ""), "trained": False,
                   "n_params": int(sum(p.numel() for p in model.parameters())), "spec": spec.to_dict()},
-        "hw_device": hw_device, "device": grid.device, "dtype": grid.dtype, "seed": grid.seed,
+        "hw_device": hw_device, "software": "kvsim-eager", "device": grid.device, "dtype": grid.dtype, "seed": grid.seed,
         "grid_settings": grid.settings(),
         "grid": {"batches": list(grid.batches), "contexts": list(grid.contexts),
                  "policies": [p.label() for p in grid.policies], "prefill_contexts": list(grid.prefill_contexts)},
         "env": environment(grid),
+        "clock": "median_s etc.: time.perf_counter wall clock (synchronised on CUDA); cpu_median_s: "
+                 "time.thread_time of the calling thread",
         "what": "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
                 "(phase decode) or of keyformer.generate.prefill (phase prefill); random weights",
         "created": folder.manifest.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -412,6 +420,7 @@ def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_devic
         folder.add(point | result | {
             "repeats": grid.repeats, "warmup": grid.warmup, "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "dtype": grid.dtype,
+            "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         manifest["wall_time_s"] = round(wall_before + time.time() - started, 1)
         folder.write(manifest, config)
@@ -478,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch
             if not torch.cuda.is_available():
                 raise TimingError(f"--device {args.device}: no CUDA device here")
+        for name, _ in models:   # refuse to mix settings before any bar or measurement starts
+            TimingFolder.open(Path(out) / name, grid.settings(), args.fresh)
         from tqdm import tqdm
         total = len(models) * (len(grid.decode_points()) + len(grid.prefill_points()))
         with tqdm(total=total, desc="timing", unit="pt", file=sys.stderr, dynamic_ncols=True) as progress:

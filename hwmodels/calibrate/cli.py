@@ -14,7 +14,7 @@ from ..errors import HardwareFileError
 from ..units import format_quantity
 from . import hostinfo
 from .document import Provenance, build_document, write_and_check
-from .fit import fit
+from .fit import fit, human_bytes
 from .plan import make_plan
 
 
@@ -149,7 +149,8 @@ def print_summary(device, series, prov, out) -> None:
         if name not in series:
             return "n/a"
         rate, size = series[name].best()
-        return f"{format_quantity(rate, kind)} (at {format_quantity(size, 'size' if kind == 'bandwidth' else 'ops')})"
+        where = human_bytes(size) if kind == "bandwidth" else format_quantity(size, "ops")
+        return f"{format_quantity(rate, kind)} (at {where})"
 
     print(f"wrote {out} ({device.name}, {prov.mode}) in {prov.wall_time_s:.1f} s; "
           f"load average before {prov.load_before}, after {prov.load_after}")

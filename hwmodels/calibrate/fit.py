@@ -107,6 +107,14 @@ def consistent_table(sizes, fractions) -> tuple[tuple[int, ...], tuple[float, ..
     return tuple(out_sizes), tuple(out_fractions)
 
 
+def human_bytes(nbytes: float) -> str:
+    """1073741824 -> '1 GiB'; sizes here are powers of two (or GEMV squares close to them)."""
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.4g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
 @dataclass
 class FitResult:
     memory_bw: float
@@ -143,9 +151,9 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
             rate, at = s.best()
             dtype = name[len("gemm_"):]
             flops[dtype] = rate
-            flops_from[dtype] = f"{name} at {at:.4g} FLOP (n={round((at / 2) ** (1 / 3))})"
+            flops_from[dtype] = f"{name} at n={round((at / 2) ** (1 / 3))} ({at:.3g} FLOP)"
     gemm = series[f"gemm_{primary_dtype}"]
     c_sizes, c_fractions = consistent_table(
         gemm.sizes(), raw_efficiency(gemm.sizes(), gemm.seconds(), flops[primary_dtype], launch))
-    return FitResult(memory_bw, f"{from_name} at {at_size:.4g} B", TableCurve(bw_sizes, bw_fractions),
+    return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
                      flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host)

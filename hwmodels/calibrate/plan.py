@@ -58,7 +58,7 @@ class Plan:
     def n_points(self) -> int:
         """Benchmark points, for the progress bar."""
         copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
-        return (2 + 2 * len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
+        return (2 + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
                 + sum(len(ns) for ns in self.gemm_sizes.values()))
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 from .scheduler import DONE, DROPPED
 
 STAT_KEYS = ("mean", "p50", "p90", "p99")
-DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
+DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "kv_bytes")
 
 
 def summarize(values) -> dict[str, float | None]:
@@ -33,6 +33,24 @@ def summarize(values) -> dict[str, float | None]:
         return {k: None for k in STAT_KEYS}
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
     return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def summarize_over_time(values, durations, idle_s: float = 0.0) -> dict[str, float | None]:
+    """Time-weighted mean, p50, p90, p99 of a quantity held for `durations` (plus `idle_s` at zero):
+    the p-th percentile is the smallest value held for at least p % of the time."""
+    values = np.append(np.asarray(values, dtype=float), 0.0)
+    weights = np.append(np.asarray(durations, dtype=float), max(idle_s, 0.0))
+    total = weights.sum()
+    if total <= 0:
+        return {k: None for k in STAT_KEYS}
+    order = np.argsort(values, kind="stable")
+    ordered, cum = values[order], np.cumsum(weights[order]) / total
+
+    def held_at_least(q: float) -> float:
+        return float(ordered[min(np.searchsorted(cum, q - 1e-12), len(cum) - 1)])
+
+    return {"mean": float((values * weights).sum() / total),
+            "p50": held_at_least(0.5), "p90": held_at_least(0.9), "p99": held_at_least(0.99)}
 
 
 @dataclass
@@ -53,6 +71,7 @@ class ServeResult:
     total_tokens_per_s: float    # (prompt + output tokens of completed requests) / makespan
     makespan_s: float
     busy_fraction: float         # share of the makespan the accelerator was running a step
+    busy_s: dict                 # seconds of decode-only, prefill-only and mixed (chunked) steps
     mean_batch: float            # time-weighted requests in a step (decodes + prefill chunks) while busy
     max_batch_seen: int
     mean_in_flight: float        # time-weighted requests admitted (holding KV memory) while busy
@@ -61,6 +80,7 @@ class ServeResult:
     kv_capacity_bytes: float
     peak_kv_bytes: float
     mean_kv_bytes: float         # time-weighted over the makespan
+    kv_bytes: dict               # KV memory over time: time-weighted mean, p50, p90, p99 over the makespan
     weight_bytes: float
     peak_memory_bytes: float     # weights + peak KV (+ the analytic model's activation workspace)
     wall_s: float                # host seconds the simulation took
@@ -82,9 +102,18 @@ class ServeResult:
         for key, value in self.to_dict().items():
             if key in DISTRIBUTIONS:
                 row.update({f"{key}_{stat}": value[stat] for stat in STAT_KEYS})
+            elif key == "busy_s":
+                row.update({f"busy_{kind}_s": seconds for kind, seconds in value.items()})
             elif key not in ("config", "drop_reasons"):
                 row[key] = value
         return row
+
+
+def _busy_by_kind(dt: np.ndarray, decodes: np.ndarray, prefill_tokens: np.ndarray) -> dict[str, float]:
+    has_decode, has_prefill = decodes > 0, prefill_tokens > 0
+    return {"decode": float(dt[has_decode & ~has_prefill].sum()),
+            "prefill": float(dt[has_prefill & ~has_decode].sum()),
+            "mixed": float(dt[has_decode & has_prefill].sum())}
 
 
 def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight_bytes: float,
@@ -118,7 +147,10 @@ def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight
     n_done = int(done.sum())
     out_done = float(out_tokens[done].sum())
     in_done = float(sched.prompt[done].sum())
-    rate = (lambda x: x / makespan) if makespan > 0 else (lambda x: float("nan"))
+
+    def rate(amount: float) -> float:
+        return amount / makespan if makespan > 0 else float("nan")
+
     peak_kv = float(sched.pool.peak_blocks * sched.pool.block_bytes)
     return ServeResult(
         config=config, completed=n_done, dropped=int(dropped.sum()), preemptions=int(sched.total_preemptions),
@@ -126,12 +158,14 @@ def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight
         e2e_s=summarize(e2e[done]), queue_s=summarize(queue[done]),
         tokens_per_s=rate(out_done), requests_per_s=rate(n_done), total_tokens_per_s=rate(in_done + out_done),
         makespan_s=makespan, busy_fraction=busy / makespan if makespan > 0 else float("nan"),
+        busy_s=_busy_by_kind(dt, timeline["decodes"], timeline["prefill_tokens"]),
         mean_batch=float((batch * dt).sum() / busy) if busy > 0 else 0.0,
         max_batch_seen=int(batch.max()) if len(batch) else 0,
         mean_in_flight=float((in_flight * dt).sum() / busy) if busy > 0 else 0.0,
         max_in_flight=int(in_flight.max()) if len(in_flight) else 0, steps=len(dt),
         kv_capacity_bytes=float(sched.pool.capacity_bytes), peak_kv_bytes=peak_kv,
         mean_kv_bytes=float((kv_bytes * dt).sum() / makespan) if makespan > 0 else 0.0,
+        kv_bytes=summarize_over_time(kv_bytes, dt, idle_s=makespan - busy),
         weight_bytes=float(weight_bytes), peak_memory_bytes=float(weight_bytes + workspace_bytes + peak_kv),
         wall_s=wall_s, requests=requests,
         timeline=pd.DataFrame({"t_s": t, "dt_s": dt, "kv_bytes": kv_bytes, "batch": batch, "in_flight": in_flight,

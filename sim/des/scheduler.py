@@ -159,7 +159,9 @@ class Scheduler:
     # ---- queue -------------------------------------------------------------------------------------
     def arrive(self, i: int, now: float) -> None:
         if self.peak_blocks[i] > self.pool.capacity_blocks:
-            self._drop(i, "needs more KV memory than the device has")
+            bt = self.pool.block_tokens
+            self._drop(i, f"needs {self.peak_blocks[i] * bt} tokens of KV memory, the device holds "
+                          f"{self.pool.capacity_blocks * bt}")
             return
         self.status[i] = WAITING
         self.waiting.append(i)
@@ -264,7 +266,8 @@ class Scheduler:
         self.prefilling.append(i)
         return i, chunk
 
-    def _continue_prefills(self, budget: int, decodes: np.ndarray) -> tuple[list[tuple[int, int, int]], np.ndarray, int]:
+    def _continue_prefills(self, budget: int, decodes: np.ndarray
+                           ) -> tuple[list[tuple[int, int, int, bool]], np.ndarray, int]:
         """Next chunk of each partial prefill (oldest first); preempts newer requests when memory is short
         (a prefill that only waited could deadlock with other partial prefills holding the memory)."""
         chunks = []
@@ -392,7 +395,11 @@ class Scheduler:
 
     # ---- invariants (used by tests and checked at the end of every simulation) ----------------------
     def check_invariants(self) -> None:
-        assert 0 <= self.pool.used_blocks <= self.pool.capacity_blocks
-        assert self.pool.used_blocks == int(self.held.sum()), "held blocks do not add up to the pool"
-        if self.cfg.max_batch is not None:
-            assert self.in_flight() <= self.cfg.max_batch
+        """Raise AssertionError (also under python -O) if the bookkeeping is inconsistent."""
+        used, cap = self.pool.used_blocks, self.pool.capacity_blocks
+        if not 0 <= used <= cap:
+            raise AssertionError(f"KV pool holds {used} of {cap} blocks")
+        if used != int(self.held.sum()):
+            raise AssertionError(f"requests hold {int(self.held.sum())} blocks, the pool counts {used}")
+        if self.cfg.max_batch is not None and self.in_flight() > self.cfg.max_batch:
+            raise AssertionError(f"{self.in_flight()} requests in flight, max_batch {self.cfg.max_batch}")

@@ -58,3 +58,14 @@ def real_device():
         pytest.skip("hwmodels devices not available yet")
     from hwmodels import load_device
     return load_device("a100-80g-sxm")
+
+
+@pytest.fixture(params=["toy", "a100-80g-sxm", "l4"])
+def device(request):
+    """The toy device and two shipped ones (skipped until hwmodels ships them)."""
+    if request.param == "toy":
+        return ToyDevice()
+    if request.param not in real_device_names():
+        pytest.skip(f"device {request.param} not shipped")
+    from hwmodels import load_device
+    return load_device(request.param)

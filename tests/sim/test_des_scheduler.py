@@ -204,3 +204,29 @@ def test_scheduler_config_rejects_bad_values():
         SchedulerConfig(max_batch=0)
     with pytest.raises(ValueError, match="chunked-prefill"):
         SchedulerConfig(chunked_prefill=0)
+
+
+def test_memory_over_time_is_time_weighted():
+    from sim.des.metrics import summarize_over_time
+    stats = summarize_over_time([1.0, 2.0, 3.0], [1.0, 1.0, 2.0])
+    assert stats == {"mean": 2.25, "p50": 2.0, "p90": 3.0, "p99": 3.0}
+    # idle time holds no KV: 4 s busy at 2.0 and 4 s idle -> mean 1.0, median 0
+    assert summarize_over_time([2.0], [4.0], idle_s=4.0) == {"mean": 1.0, "p50": 0.0, "p90": 2.0, "p99": 2.0}
+
+
+def test_kv_memory_summary_matches_the_timeline():
+    wl = synthetic_workload("poisson", 3.0, 30, 200, 40, seed=4)
+    _, res = run(wl, capacity_blocks=60)
+    tl = res.timeline
+    assert res.kv_bytes["mean"] == pytest.approx((tl.kv_bytes * tl.dt_s).sum() / res.makespan_s)
+    assert res.kv_bytes["p99"] <= res.peak_kv_bytes <= res.kv_capacity_bytes
+
+
+def test_busy_time_splits_into_step_kinds():
+    timer = LinearTimer()
+    _, res = run(one_request(100, 5), timer=timer)
+    assert res.busy_s["prefill"] == pytest.approx(timer.prefill([(100, 0)]))
+    assert res.busy_s["mixed"] == 0.0
+    assert sum(res.busy_s.values()) == pytest.approx(res.timeline.dt_s.sum())
+    _, chunked = run(Workload(np.zeros(2), np.array([40, 300]), np.array([20, 5]), "t"), chunked_prefill=64)
+    assert chunked.busy_s["mixed"] > 0

@@ -123,16 +123,51 @@ def test_trace_kv_gives_each_request_its_sample():
     assert kv.n_samples == 2
 
 
-def test_trace_kv_heterogeneity_costs_what_it_costs(monkeypatch):
-    import sim.serve as serve
-    monkeypatch.setattr(serve, "load_trace", lambda path: FakeTrace())
+def write_tiny_trace(folder, prompt_len=100, steps=10, layers=2, heads=2):
+    """A minimal trace folder in the traces.schema format: H2O at 0.5, two samples, the second one
+    holding half the budget of the first (heterogeneous budgets across requests)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from traces import schema
+
+    rows = []
+    for sample, kept in (("a", 50), ("b", 25)):
+        for step in range(-1, steps):
+            generated_kept = min(step + 1, 10)
+            for layer in range(layers):
+                for head in range(heads):
+                    rows.append(dict(sample=sample, policy="h2o", cache_ratio=0.5, step=step, layer=layer,
+                                     head=head, prompt_len=prompt_len, kv_len=kept,
+                                     kept_prompt=kept - generated_kept, mass_retained=0.9))
+    folder.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema.KV_SCHEMA), folder / schema.KV)
+    for name, sch in ((schema.STEPS, schema.STEPS_SCHEMA), (schema.KEPT, schema.KEPT_SCHEMA)):
+        pq.write_table(sch.empty_table(), folder / name)
+    (folder / schema.TEXTS).write_text("")
+    (folder / schema.MANIFEST).write_text(json.dumps({"schema_version": schema.SCHEMA_VERSION,
+                                                       "kind": schema.KIND}))
+    return folder
+
+
+def test_trace_folder_drives_per_request_kv(tmp_path, capsys):
+    pytest.importorskip("traces")
+    folder = write_tiny_trace(tmp_path / "trace")
     kw = dict(policy="h2o", cache_ratio=0.5, qps=math.inf, requests=40, prompt=2048, gen=256, **MPT)
-    traced = simulate(trace="unused", **kw)
+    traced = simulate(trace=str(folder), **kw)
     formula = simulate(**kw)
     assert traced.config["kv_source"] == "trace" and traced.config["trace_samples"] == 2
-    # half the requests hold half the budget: less KV read per step and less memory than the formula
-    assert traced.mean_kv_bytes < formula.mean_kv_bytes
+    # the trace's first sample keeps the formula's budget k = 1024, the second half of it: less memory and
+    # less KV read per step than the formula, which gives every request k
+    assert traced.completed == 40
+    assert traced.mean_kv_bytes == pytest.approx(0.75 * formula.mean_kv_bytes, rel=0.05)
     assert traced.tpot_s["mean"] < formula.tpot_s["mean"]
+    # the CLI takes the same folder; a ratio the trace lacks is a one-line error
+    assert main(BASE + ["--policy", "h2o", "--cache-ratio", "0.5", "--requests", "5", "--prompt", "512",
+                        "--gen", "16", "--trace", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["kv_source"] == "trace"
+    assert main(BASE + ["--policy", "h2o", "--cache-ratio", "0.3", "--prompt", "512", "--gen", "16",
+                        "--trace", str(folder)]) == 2
+    assert "cache ratio 0.3 not captured" in capsys.readouterr().err
 
 
 def test_bundled_trace_drives_the_des_when_present():
@@ -154,6 +189,15 @@ def test_simulate_row_for_the_sweep():
                         "profile": "fused", "notes": "ignored"})
     assert row["completed"] == 30 and row["max_batch_seen"] <= 8
     assert {"ttft_s_p99", "tpot_s_mean", "tokens_per_s", "requests_per_s", "peak_memory_bytes"} <= set(row)
+
+
+def test_simulate_accepts_loaded_device_and_model_objects(capsys):
+    from hwmodels import load_device
+    from sim.models import load_model
+    res = simulate(load_device("h100-sxm"), load_model("llama-3-8b"), "keyformer", 0.5, qps=5.0, requests=10,
+                   prompt=256, gen=16, progress=True)
+    assert res.completed == 10 and res.config["hw"] == "h100-sxm" and res.config["model"] == "llama-3-8b"
+    assert "serve llama-3-8b keyformer on h100-sxm" in capsys.readouterr().err  # the progress bar, on stderr
 
 
 def test_simulate_rejects_unknown_options():

@@ -21,7 +21,7 @@ FIXTURE_RATIOS = (0.2, 0.5, 1.0)
 
 def write_fixture_trace(folder: Path, *, prompt: int = 40, steps: int = 6, layers: int = 2, heads: int = 2,
                         samples: int = 2, ratios=FIXTURE_RATIOS, with_quality: bool = True,
-                        model_name: str = "fixture-model") -> Path:
+                        model_name: str = "fixture-model", model_config: dict | None = None) -> Path:
     """A trace folder shaped like a real capture: full at ratio 1.0, h2o and keyformer at `ratios`.
 
     Kept length follows the policy (budget k = ratio * prompt); retained mass and ROUGE fall as the
@@ -61,11 +61,19 @@ def write_fixture_trace(folder: Path, *, prompt: int = 40, steps: int = 6, layer
         (folder / schema.QUALITY_DIR).mkdir(exist_ok=True)
         pd.DataFrame(quality_rows).to_csv(folder / schema.QUALITY_DIR / schema.QUALITY_CSV, index=False)
     manifest = {"schema_version": schema.SCHEMA_VERSION, "kind": schema.KIND,
-                "model": {"name": model_name, "n_layers": layers}, "policy": {}, "dataset": {"name": "fixture"},
+                "model": {"name": model_name, "n_layers": layers,
+                          "config": model_config or tiny_llama_config(layers, heads)}, "policy": {}, "dataset": {"name": "fixture"},
                 "device": "cpu", "dtype": "fp32", "versions": {}, "seed": 0, "wall_time_s": 0.0,
                 "created": "2026-01-01T00:00:00Z", "env": {}}
     (folder / schema.MANIFEST).write_text(json.dumps(manifest))
     return folder
+
+
+def tiny_llama_config(layers: int, kv_heads: int) -> dict:
+    """An HF config for the fixture trace's model (sim.models reads it like any config.json)."""
+    return {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": layers, "num_attention_heads": 2 * kv_heads,
+            "num_key_value_heads": kv_heads, "head_dim": 8, "intermediate_size": 128, "vocab_size": 256,
+            "max_position_embeddings": 1024, "tie_word_embeddings": True}
 
 
 @pytest.fixture

@@ -126,8 +126,9 @@ def capture_one(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float | 
             cache = compat.output_cache(out)
             token = record(step, out.logits[0, -1], wall, peak)
 
-    mass = _mass_retained(lm, prompt, tokens, held, device, shadow_memo)
-    kv, kept = _kv_tables(sample_id, spec.label, cache_ratio, n, held, mass)
+    held_mask = _held_mask(held, n + len(tokens))
+    mass = _mass_retained(lm, prompt, tokens, held_mask, device, shadow_memo)
+    kv, kept = _kv_tables(sample_id, spec.label, cache_ratio, n, held_mask, mass)
     eos = lm.tokenizer.eos_token_id
     cut = tokens.index(eos) if (forced is None and eos in tokens) else len(tokens)
     text = {"sample": sample_id, "policy": spec.label, "cache_ratio": cache_ratio, "prompt_len": n,
@@ -137,11 +138,22 @@ def capture_one(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float | 
     return RunResult(kv, kept, pd.DataFrame(step_rows), text)
 
 
-def _mass_retained(lm, prompt, tokens, held, device, shadow_memo) -> np.ndarray:
+def _held_mask(held, length: int) -> np.ndarray:
+    """(rows, layers, kv_heads, length) bool: which positions each head holds after each step."""
+    rows, n_layers, n_heads = len(held), len(held[0]), len(held[0][0])
+    mask = np.zeros((rows, n_layers, n_heads, length), dtype=bool)
+    for j in range(rows):
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                mask[j, layer, head, held[j][layer][head]] = True
+    return mask
+
+
+def _mass_retained(lm, prompt, tokens, held_mask, device, shadow_memo) -> np.ndarray:
     """(steps, layers, kv_heads): full-cache attention share of the next query on the held tokens + itself.
 
     Row j (step j - 1) is judged by the query at position n + j, the token the next step feeds; its
-    probabilities come from one full-cache pass over the same prompt + generated tokens.
+    probabilities come from a full-cache pass over the same prompt + generated tokens.
     """
     n, rows = len(prompt), len(tokens)
     sequence = tuple(prompt) + tuple(tokens)
@@ -157,37 +169,33 @@ def _mass_retained(lm, prompt, tokens, held, device, shadow_memo) -> np.ndarray:
         probs = torch.stack([by_layer[i] for i in range(len(by_layer))]).cpu().numpy()  # (L, H, rows, S)
         if shadow_memo is not None:
             shadow_memo[sequence] = probs
-    n_layers, n_heads = probs.shape[:2]
-    mask = np.zeros((rows, n_layers, n_heads, len(sequence)), dtype=bool)
+    attended = held_mask.copy()
+    attended[np.arange(rows), :, :, n + np.arange(rows)] = True  # the query itself is always attended
+    return np.einsum("lhjs,jlhs->jlh", probs, attended.astype(probs.dtype))
+
+
+def _kv_tables(sample_id, label, cache_ratio, n, held_mask, mass) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows, n_layers, n_heads, _ = held_mask.shape
+    step, layer, head = (a.ravel() for a in np.meshgrid(np.arange(rows) - 1, np.arange(n_layers),
+                                                        np.arange(n_heads), indexing="ij"))
+    keys = {"sample": sample_id, "policy": label, "cache_ratio": cache_ratio, "step": step, "layer": layer,
+            "head": head}
+    kv = pd.DataFrame({**keys, "prompt_len": n, "kv_len": held_mask.sum(-1).ravel(),
+                       "kept_prompt": held_mask[..., :n].sum(-1).ravel(), "mass_retained": mass.ravel()})
+    entered = held_mask[1:] & ~held_mask[:-1]
+    left = held_mask[:-1] & ~held_mask[1:]
+    bitmaps, added, evicted = [], [], []
     for j in range(rows):
-        mask[j, :, :, n + j] = True  # the query itself is always attended
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                mask[j, layer, head, held[j][layer][head]] = True
-    return np.einsum("lhjs,jlhs->jlh", probs, mask.astype(probs.dtype))
-
-
-def _kv_tables(sample_id, label, cache_ratio, n, held, mass) -> tuple[pd.DataFrame, pd.DataFrame]:
-    kv_rows, kept_rows = [], []
-    n_layers, n_heads = len(held[0]), len(held[0][0])
-    for j, layers in enumerate(held):
-        step = j - 1
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                pos = layers[layer][head]
-                base = {"sample": sample_id, "policy": label, "cache_ratio": cache_ratio, "step": step,
-                        "layer": layer, "head": head}
-                kv_rows.append({**base, "prompt_len": n, "kv_len": len(pos), "kept_prompt": int((pos < n).sum()),
-                                "mass_retained": float(mass[j, layer, head])})
+        for lyr in range(n_layers):
+            for hd in range(n_heads):
                 if j == 0:
-                    bits = np.zeros(n, dtype=np.uint8)
-                    bits[pos[pos < n]] = 1
-                    extra = pos[pos >= n]  # impossible after a prefill; kept explicit rather than dropped
-                    kept_rows.append({**base, "kept_bitmap": np.packbits(bits).tobytes(),
-                                      "added": extra.astype(np.int32).tolist(), "evicted": []})
+                    bitmaps.append(np.packbits(held_mask[0, lyr, hd, :n]).tobytes())
+                    # Nothing but prompt tokens exists after a prefill; kept explicit rather than assumed.
+                    added.append(np.flatnonzero(held_mask[0, lyr, hd, n:]).astype(np.int32) + n)
+                    evicted.append([])
                 else:
-                    prev = held[j - 1][layer][head]
-                    kept_rows.append({**base, "kept_bitmap": None,
-                                      "added": np.setdiff1d(pos, prev).astype(np.int32).tolist(),
-                                      "evicted": np.setdiff1d(prev, pos).astype(np.int32).tolist()})
-    return pd.DataFrame(kv_rows), pd.DataFrame(kept_rows)
+                    bitmaps.append(None)
+                    added.append(np.flatnonzero(entered[j - 1, lyr, hd]).astype(np.int32))
+                    evicted.append(np.flatnonzero(left[j - 1, lyr, hd]).astype(np.int32))
+    kept = pd.DataFrame({**keys, "kept_bitmap": bitmaps, "added": added, "evicted": evicted})
+    return kv, kept

@@ -121,4 +121,4 @@ class PromptShadow:
 
         cache = copy.deepcopy(self.cache)
         return _run(self.model, len(generated), input_ids=torch.tensor([generated], device=self.device),
-                    use_cache=True, **{_cache_kw(model): cache})
+                    use_cache=True, **{_cache_kw(self.model): cache})

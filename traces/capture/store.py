@@ -68,6 +68,14 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+# A resume may ask for more or fewer samples: shards are per sample, so only the rest must match.
+SAMPLE_KEYS = ("n", "sample_ids")
+
+
+def _same_capture(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k not in SAMPLE_KEYS} == {k: v for k, v in b.items() if k not in SAMPLE_KEYS}
+
+
 def check_resume(out: Path, settings: dict) -> bool:
     """True when `out` holds shards of the same capture; error when it holds a different one."""
     path = out / CAPTURE_CONFIG
@@ -80,9 +88,9 @@ def check_resume(out: Path, settings: dict) -> bool:
                              "(choose a new --out, or --overwrite)")
         return False
     previous = json.loads(path.read_text())
-    if previous != settings and not any((out / SHARDS).glob("*/text.json")):
+    if not _same_capture(previous, settings) and not any((out / SHARDS).glob("*/text.json")):
         return False  # nothing was finished under the old settings: start afresh
-    if previous != settings:
+    if not _same_capture(previous, settings):
         changed = sorted(k for k in set(previous) | set(settings) if previous.get(k) != settings.get(k))
         raise ValueError(f"{out} holds an unfinished capture with other settings ({', '.join(changed)} differ); "
                          "rerun with the same flags to resume, or pass --overwrite")

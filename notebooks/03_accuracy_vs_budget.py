@@ -1,0 +1,153 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 3. Accuracy vs KV budget, measured on real models, and what it buys
+#
+# The bundled traces (`traces/data/`) are real runs of real trained models (SmolLM2-135M-Instruct,
+# stories260K) with each eviction policy at cache ratios 0.1-1.0. This notebook plots what they
+# measured, as the Keyformer paper does for its 6-7B models:
+#
+# - **Figure 7 analogue**: summary quality (ROUGE against the references) vs cache ratio, one line
+#   per policy, with the full cache and 99% of it as horizontal lines;
+# - **Figure 3b analogue**: the share of full-cache attention probability that falls on the tokens a
+#   policy kept, vs cache ratio;
+# - **the trade-off**: each policy x ratio's measured quality against its predicted throughput on each
+#   device (the sweep's headline plot), with the Pareto front.
+#
+# Quality numbers are read from the traces (`quality/quality.csv` written by `python -m traces.quality`,
+# and the KV tables); nothing is typed in. Set `KVSIM_TRACE_DIRS` (paths separated by `:`) to plot
+# other traces.
+
+# %%
+import os
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+
+if not os.environ.get("MPLBACKEND"):
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+import sim
+import traces
+from sim import sweep, traced, tradeoff
+from sim.tradeoff import save_figure
+
+REPO = Path(sim.__file__).resolve().parents[1]
+FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
+POLICY_STYLES = {"full": ("black", "-"), "window": ("tab:gray", "--"), "streaming": ("tab:green", "-."),
+                 "h2o": ("tab:blue", "-"), "keyformer": ("tab:red", "-")}
+
+if os.environ.get("KVSIM_TRACE_DIRS"):
+    trace_dirs = [Path(p) for p in os.environ["KVSIM_TRACE_DIRS"].split(os.pathsep) if p]
+else:
+    trace_dirs = traced.bundled_traces()
+loaded = {traced.trace_label(d): traces.load(d) for d in trace_dirs}
+quality = pd.concat([tradeoff.measured_quality(t, name) for name, t in loaded.items()], ignore_index=True)
+print(f"{len(loaded)} trace(s): " + ", ".join(f"{n} ({tradeoff.trace_model_name(t)}, {len(t.samples)} samples)"
+                                             for n, t in loaded.items()))
+quality.round(3)
+
+# %% [markdown]
+# ## Figure 7 analogue: quality vs cache ratio
+#
+# The metric is the first of ROUGE-2, ROUGE-L, ROUGE-1 the traces were scored with (the paper plots
+# ROUGE-2). Variants of a policy (e.g. Keyformer with another noise, the Table 4 ablation) are left
+# out here; they are in the table above.
+
+# %%
+metric = tradeoff.quality_metric(quality.drop(columns=["mass_retained"], errors="ignore")
+                                 if any(c.startswith("rouge") for c in quality.columns) else quality)
+names = list(loaded)
+fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.8), squeeze=False)
+reach_rows = []
+for ax, name in zip(axes[0], names):
+    q = quality[quality["trace"] == name]
+    full_value = q.loc[q["policy"] == "full", metric]
+    for policy, (color, style) in POLICY_STYLES.items():
+        p = q[q["policy"] == policy].sort_values("cache_ratio")
+        if p.empty or policy == "full":
+            continue
+        ax.plot(100 * p["cache_ratio"], p[metric], style, marker="o", ms=3, color=color, label=policy)
+        if len(full_value):
+            ok = p[p[metric] >= 0.99 * full_value.iloc[0]]
+            reach_rows.append({"trace": name, "policy": policy,
+                               "smallest ratio reaching 99% of full": ok["cache_ratio"].min() if len(ok) else np.nan})
+    if len(full_value):
+        ax.axhline(full_value.iloc[0], color="black", lw=1, label="full cache")
+        ax.axhline(0.99 * full_value.iloc[0], color="black", lw=1, ls=":", label="99% of full")
+    ax.set(title=f"{name} ({q['trace_model'].iloc[0]})", xlabel="KV cache (% of prompt)", ylabel=metric)
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+axes[0, 0].legend(fontsize=7)
+fig.suptitle(f"Measured {metric} vs KV budget (bundled real-model traces)", fontsize=10)
+fig.tight_layout()
+save_figure(fig, FIGURES / "accuracy_vs_budget.png")
+pd.DataFrame(reach_rows)
+
+# %% [markdown]
+# ## Figure 3b analogue: attention mass retained
+#
+# Mean over samples, decode steps, layers and KV heads of the share of the full-cache attention
+# probability that the kept tokens carry (measured against a full-cache shadow pass over the same
+# tokens). 1.0 at ratio 1.0 by construction.
+
+# %%
+fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.6), squeeze=False)
+for ax, name in zip(axes[0], names):
+    q = quality[quality["trace"] == name]
+    for policy, (color, style) in POLICY_STYLES.items():
+        p = q[q["policy"] == policy].sort_values("cache_ratio")
+        if not p.empty:
+            ax.plot(100 * p["cache_ratio"], p["mass_retained"], style, marker="o", ms=3, color=color, label=policy)
+    ax.set(title=f"{name} ({q['trace_model'].iloc[0]})", xlabel="KV cache (% of prompt)",
+           ylabel="attention mass retained", ylim=(None, 1.01))
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+axes[0, 0].legend(fontsize=7)
+fig.suptitle("Attention probability mass on the kept tokens (Figure 3b analogue)", fontsize=10)
+fig.tight_layout()
+save_figure(fig, FIGURES / "mass_retained.png")
+
+# %% [markdown]
+# ## The trade-off: measured quality vs predicted throughput, per device
+#
+# Each policy x ratio of a trace is predicted on every datasheet device for the trace's own model at
+# the trace's own prompt and generation lengths, with the trace's per-step, per-layer KV lengths
+# (`sim.traced`). Throughput is tokens/s at the largest batch that fits in the device's memory,
+# where a smaller cache pays most. Points on the black line are the Pareto front: no other setting
+# is both faster and better. The sweep (`python -m sim.sweep`) writes the same table as
+# `tradeoff.parquet`; this cell reuses it when `KVSIM_SWEEP_DIR` names one.
+
+# %%
+sweep_dir = os.environ.get("KVSIM_SWEEP_DIR")
+if sweep_dir and (Path(sweep_dir) / "tradeoff.parquet").exists():
+    joined = pd.read_parquet(Path(sweep_dir) / "tradeoff.parquet")
+    print(f"trade-off table from {sweep_dir}")
+else:
+    config = sweep.GridConfig(batches=[1])
+    grid = traced.trace_grid(config, trace_dirs)
+    predicted = pd.concat([grid, traced.evaluate(grid)], axis=1)
+    joined = tradeoff.join_quality(predicted, quality)
+    print(f"predicted {len(grid)} trace-driven points here")
+THROUGHPUT = "max_batch_tokens_per_s"
+pareto_trace = names[0]
+view = joined[(joined["trace"] == pareto_trace) & (joined[THROUGHPUT] > 0)]
+tradeoff.plot_pareto(view, THROUGHPUT, metric, FIGURES / "pareto_quality_throughput.png", by="hw",
+                     title=f"{pareto_trace}: measured {metric} vs predicted throughput at max batch, per device")
+front = tradeoff.pareto_front(view, THROUGHPUT, metric, by="hw")
+front[front["pareto"]][["hw", "policy_label", "cache_ratio", metric, THROUGHPUT, "max_batch"]].sort_values(
+    ["hw", THROUGHPUT]).round(3)

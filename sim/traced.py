@@ -1,0 +1,174 @@
+"""Trace-driven design points: the KV length each layer holds at each decode step comes from a real
+run (`traces.load(dir).kv_override(...)`) instead of the cache-ratio formula.
+
+A trace folder holds one model's run of several policies x cache ratios. For each of them the grid
+gets one point per device x batch x (prompt, gen) x dtypes x profile, predicted for the trace's own
+model by default (so the measured quality and the predicted speed describe the same model), or for
+any other model the config names (the trace's kept *fractions* mapped onto it; labelled as such).
+Prompt and generation lengths default to the trace's own (median prompt, generated tokens), the
+lengths its quality was measured at.
+
+`trace_grid(...)` builds the points, `evaluate(points)` predicts them (pure, chunkable: the runner
+can spread it over processes or a Dask cluster; each worker loads a trace once).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim import engine
+from sim.kvlen import POLICIES
+from sim.models import list_models, load_model, spec_from_config
+from sim.tradeoff import trace_identity
+
+OWN = "own"                      # "the trace's own model / lengths" in the config
+TRACE_MODEL_PREFIX = "trace:"    # model cell for a trace's own model that is not a shipped name
+
+
+def bundled_traces() -> list[Path]:
+    """Bundled trace folders (traces/data/**), only real traces (timing folders share the layout)."""
+    import traces
+    found = []
+    for name in traces.bundled():
+        path = traces.bundled(name)
+        try:
+            kind = json.loads((path / "manifest.json").read_text()).get("kind")
+        except (OSError, ValueError):
+            continue
+        if kind == "kvsim-trace":
+            found.append(path)
+    return found
+
+
+def trace_label(path) -> str:
+    """A trace's name in tables and plots: its path under traces/data/ (`smollm2-135m/xsum`), else its folder name."""
+    import traces
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(Path(traces.__file__).resolve().parent / "data").as_posix()
+    except ValueError:
+        return path.name
+
+
+@lru_cache(maxsize=32)
+def load_trace(path: str):
+    import traces
+    return traces.load(path)
+
+
+def base_policy(label: str) -> str:
+    """`keyformer(noise=gaussian)` -> `keyformer`: the engine times the policy, not its variant."""
+    return label.split("(", 1)[0]
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-").removesuffix("-instruct").removesuffix("-hf")
+
+
+def trace_model(trace) -> tuple[str, object]:
+    """(model cell, ModelSpec) of the model a trace was captured on.
+
+    A shipped model of the same name wins (stable name, shared cache entries); else the HF config the
+    manifest carries, referenced as `trace:<folder>` so worker processes can rebuild it."""
+    info = trace.manifest.get("model", {})
+    names = [str(info.get(k)) for k in ("sim_name", "name", "id", "path") if info.get(k)]
+    shipped = {_normalise(m): m for m in list_models()}
+    for name in names:
+        key = _normalise(Path(name).name)
+        if key in shipped:
+            return shipped[key], load_model(shipped[key])
+    config = info.get("config")
+    if isinstance(config, dict):
+        cell = TRACE_MODEL_PREFIX + str(Path(trace.path).resolve())
+        return cell, spec_from_config(config, names[0] if names else Path(trace.path).name, str(trace.path))
+    raise ValueError(f"trace {trace.path}: cannot tell which model it was captured on (manifest model "
+                     f"{names or '?'} is not a shipped sim model and carries no config)")
+
+
+def resolve_model(cell: str):
+    if cell.startswith(TRACE_MODEL_PREFIX):
+        return trace_model(load_trace(cell[len(TRACE_MODEL_PREFIX):]))[1]
+    return load_model(cell)
+
+
+def own_lengths(trace) -> tuple[int, int]:
+    """Median prompt length and the number of generated tokens the trace ran (its quality's lengths)."""
+    kv = trace.kv
+    prompt = int(np.median(kv.groupby("sample")["prompt_len"].first()))
+    gen = int(kv["step"].max()) + 2   # steps -1..S: the prefill predicts token 0, step s token s + 1
+    return max(prompt, 1), max(gen, 1)
+
+
+def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), batches=None) -> pd.DataFrame:
+    """Points for every trace x its captured (policy, cache ratio) x config devices, dtypes, profiles.
+
+    Policies outside `config.policies` are skipped; so are variants of them only if their base is."""
+    from hwmodels import load_device
+    from sim import sweep
+    devices = {name: load_device(name) for name in config.hw}
+    frames = []
+    for trace_dir in trace_dirs:
+        trace_dir = Path(trace_dir)
+        trace = load_trace(str(trace_dir.resolve()))
+        own_model, own_spec = trace_model(trace)
+        own_prompt, own_gen = own_lengths(trace)
+        targets = [(own_model, own_spec) if m == OWN else (m, load_model(m)) for m in models]
+        pairs = [(label, ratio) for label in trace.policies if base_policy(label) in config.policies
+                 for ratio in trace.cache_ratios(label)]
+        lengths = [(own_prompt if p == OWN else int(p), own_gen if g == OWN else int(g)) for p in prompts for g in gens]
+        rows = [(hw, cell, label, ratio, recent, batch, beams, prompt, gen, kvd, wd, profile)
+                for hw in config.hw for cell, _ in targets for label, ratio in pairs
+                for recent in config.recent_ratios for batch in (batches or config.batches) for beams in config.beams
+                for prompt, gen in lengths for kvd in config.kv_dtypes for wd in config.weight_dtypes
+                for profile in config.profiles]
+        frame = pd.DataFrame(rows, columns=sweep.INPUT_COLUMNS[:2] + ["policy_label"] + sweep.INPUT_COLUMNS[3:])
+        frame.insert(2, "policy", frame["policy_label"].map(base_policy))
+        frame["cache_ratio"] = frame["cache_ratio"].astype(float)
+        frame["hw_hash"] = frame["hw"].map({n: d.content_hash for n, d in devices.items()})
+        frame["model_hash"] = frame["model"].map({c: sweep._model_hash(s) for c, s in targets})
+        frame["trace"] = trace_label(trace_dir)
+        frame["trace_path"] = str(trace_dir.resolve())
+        frame["trace_hash"] = trace_identity(trace_dir)
+        frame["trace_model"] = own_model
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=sweep.INPUT_COLUMNS + ["policy_label", "hw_hash", "model_hash", "trace",
+                                                           "trace_path", "trace_hash", "trace_model"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def evaluate(points: pd.DataFrame) -> pd.DataFrame:
+    """Outputs (sim.sweep.OUTPUT_COLUMNS) for trace-driven points, one row per input row, same order.
+
+    The engine takes one kv_override per call; it is computed once per trace x policy x ratio x
+    lengths x model depth and reused across devices, batches, dtypes and profiles."""
+    from hwmodels import load_device
+    from sim import sweep
+    points = points.reset_index(drop=True)
+    results = []
+    devices, specs, overrides = {}, {}, {}
+    for row in points.itertuples(index=False):
+        hw = devices.get(row.hw) or devices.setdefault(row.hw, load_device(row.hw))
+        spec = specs.get(row.model) or specs.setdefault(row.model, resolve_model(row.model))
+        key = (row.trace_path, row.policy_label, float(row.cache_ratio), int(row.prompt), int(row.gen), spec.n_layers)
+        if key not in overrides:
+            trace = load_trace(row.trace_path)
+            overrides[key] = trace.kv_override(row.policy_label, float(row.cache_ratio), prompt=int(row.prompt),
+                                               gen=int(row.gen), n_layers=spec.n_layers)
+        r = engine.evaluate(hw, spec, row.policy, batch=row.batch, prompt=row.prompt, gen=row.gen,
+                            cache_ratio=row.cache_ratio, recent_ratio=row.recent_ratio, beams=row.beams,
+                            kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype, profile=row.profile,
+                            kv_override=overrides[key])
+        out = {c: np.asarray(r[c]).ravel()[0] for c in sweep.OUTPUT_COLUMNS if c in r}
+        out["weight_bytes"] = spec.weight_bytes(row.weight_dtype)
+        out["device_memory_bytes"] = float(hw.memory_bytes)
+        out["exceeds_max_positions"] = bool(spec.max_positions and row.prompt + row.gen > spec.max_positions)
+        results.append(out)
+    frame = pd.DataFrame(results, columns=sweep.OUTPUT_COLUMNS)
+    dtypes = {c: float for c in sweep.OUTPUT_COLUMNS}
+    dtypes.update(fits=bool, max_batch="int64", decode_bound=str, exceeds_max_positions=bool)
+    return frame.astype(dtypes)

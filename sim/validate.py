@@ -1,0 +1,141 @@
+"""`python -m sim.validate`: predictions against published results and measured runs, error in plain sight.
+
+    python -m sim.validate                         # docs/validation-report.md + docs/validation-parity.png
+    python -m sim.validate --json                  # also print one JSON object (points, mape, max_error, ...)
+    python -m sim.validate --out /tmp/v --measured traces/data/cpu --references my_refs.csv
+
+Inputs:
+  - published reference points: sim/references/*.csv, one citation per row (sim/validation/references.py);
+  - measured timing folders: every folder under traces/data/ whose manifest.json says kind "kvsim-timing"
+    (written by `python -m traces.timing`, CPU or GPU), predicted on the hardware file its manifest names.
+Every point is predicted through the engine's public entries with the profile of the stack it ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from sim.validation.measured import find_timing_folders, load_timing
+from sim.validation.points import collect, is_flagged, stats
+from sim.validation.references import load_references
+from sim.validation.report import PLOT_NAME, build_markdown, parity_plot, targets, write_report
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs"
+DEFAULT_THRESHOLD = 10.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line and exit code 2, as every kvsim CLI
+        raise ValueError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m sim.validate",
+                description="Validate kvsim's predictions against published results and measured runs.")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="folder for validation-report.md and validation-parity.png (default: docs/)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the statistics to stdout")
+    p.add_argument("--measured", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="timing folders, or folders to search for them (default: everything under traces/data/)")
+    p.add_argument("--no-measured", action="store_true", help="published references only")
+    p.add_argument("--references", nargs="+", type=Path, default=None, metavar="CSV",
+                   help="reference files (default: sim/references/*.csv)")
+    p.add_argument("--no-references", action="store_true", help="measured points only")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help="flag points whose |error| exceeds this many percent (default 10)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def hardware_notes(hw_names) -> list[str]:
+    """One line per hardware file: calibrated from what (or datasheet)."""
+    from sim.validation.predict import _device
+    notes = []
+    for name in sorted(set(hw_names)):
+        device = _device(name)
+        cal = device.calibration
+        if cal:
+            series = ", ".join(sorted((cal.get("series") or {}).keys()))
+            env = cal.get("env", {})
+            notes.append(f"`{device.name}` ({device.source_path}): calibrated by {cal.get('tool')} ({cal.get('mode')} "
+                         f"mode) on {cal.get('host')} {cal.get('date')}, {env.get('torch_threads')} thread(s), "
+                         f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY')}, from microbenchmarks only: {series}. "
+                         "No model run and no validation point is among its inputs.")
+        else:
+            notes.append(f"`{device.name}` ({device.source_path}): datasheet file (peaks and efficiency curves "
+                         "from public sources, each cited in the file); not fitted to any validation point.")
+    return notes
+
+
+def setting_warnings(sources) -> list[str]:
+    """Mismatches between how a timing folder was measured and how its hardware file was calibrated."""
+    from sim.validation.predict import _device
+    warnings = []
+    for s in sources:
+        cal = _device(s.hw).calibration or {}
+        cal_threads = (cal.get("env") or {}).get("torch_threads")
+        threads = s.manifest.get("env", {}).get("threads")
+        if cal_threads is not None and threads is not None and int(cal_threads) != int(threads):
+            warnings.append(f"`{s.name}` was measured with {threads} thread(s) but `{s.hw}` was calibrated with "
+                            f"{cal_threads}: bandwidth and FLOP rates differ between the two settings")
+        if cal.get("mode") == "quick":
+            warnings.append(f"`{s.hw}` is a QUICK calibration (warm caches, few sizes): not for predictions")
+    return warnings
+
+
+def summary_json(points, threshold: float, out_path: Path, sources) -> dict:
+    by_regime = stats(points)
+    by_source = stats(points, "source")
+    return {
+        "points": int(len(points)),
+        "threshold_pct": threshold,
+        "above_threshold": int(is_flagged(points, threshold).sum()),
+        "mape": {row.group: round(row.mape, 3) for row in by_regime.itertuples()},
+        "max_error": {row.group: round(row.max_error, 3) for row in by_regime.itertuples()},
+        "points_by_regime": {row.group: int(row.points) for row in by_regime.itertuples()},
+        "by_source": {row.group: {"points": int(row.points), "mape": round(row.mape, 3),
+                                  "max_error": round(row.max_error, 3)} for row in by_source.itertuples()},
+        "targets": [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in t.items()}
+                    for t in targets(points, threshold)],
+        "measured_folders": [str(s.path) for s in sources],
+        "report": str(out_path),
+    }
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if not args.threshold > 0:
+            raise ValueError(f"--threshold must be a positive percentage, got {args.threshold}")
+        refs = load_references(args.references)
+        if args.no_references:
+            refs = refs.iloc[0:0]
+        folders = [] if args.no_measured else find_timing_folders(args.measured)
+        sources = [load_timing(f) for f in folders]
+        if not len(refs) and not sources:
+            raise ValueError("nothing to validate: no reference rows and no timing folders")
+        points, compare = collect(refs, sources, show_progress=not args.quiet and not args.json)
+        hw_notes = hardware_notes(list(points["hw"])) + [f"WARNING: {w}" for w in setting_warnings(sources)]
+        markdown = build_markdown(points, compare, sources, refs, args.threshold, PLOT_NAME, hw_notes)
+        args.out.mkdir(parents=True, exist_ok=True)
+        parity_plot(points, args.out / PLOT_NAME, args.threshold)
+        path = write_report(markdown, args.out)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary_json(points, args.threshold, path, sources)))
+    else:
+        overall = stats(points).iloc[-1]
+        flagged = int(is_flagged(points, args.threshold).sum())
+        print(f"{len(points)} points, MAPE {overall.mape:.1f}%, max |error| {overall.max_error:.1f}%, "
+              f"{flagged} above {args.threshold:g}%: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Validation of kvsim's predictions (`python -m sim.validate`): references, measured folders, points, report."""

@@ -1,0 +1,210 @@
+"""The analytic engine: operator tables, decode mean vs a step loop, DES entries, memory, seams."""
+import time
+
+import numpy as np
+import pytest
+
+from sim import kvlen
+from sim.engine import TABLE_COLUMNS, decode_step_time, evaluate, memory_bytes, mixed_step_time, predict, prefill_time
+from sim.models import load_model
+from sim.ops import Op
+from sim.profiles import PROFILES, Profile, get_profile, register_profile
+
+
+def step_loop_tpot(hw, model, batch, prompt, gen, policy, ratio, beams=1, **kw):
+    """The reference: every decode step evaluated on its own, then averaged."""
+    steps = [decode_step_time(hw, model, np.full(batch, kvlen.kv_tokens(policy, prompt, s, ratio)), policy=policy,
+                              beams=beams, **kw) for s in range(gen - 1)]
+    return float(np.mean(steps))
+
+
+@pytest.mark.parametrize("batch, prompt, gen", [(1, 512, 2), (1, 512, 3), (1, 4096, 2048), (16, 1000, 700),
+                                                (64, 128, 4000), (4, 30000, 300)])
+def test_mean_tpot_matches_a_step_by_step_loop(device, batch, prompt, gen):
+    for policy, ratio in (("full", 1.0), ("keyformer", 0.4), ("window", 0.2)):
+        got = predict(device, "llama-2-7b", batch, prompt, gen, policy, ratio).tpot_s
+        want = step_loop_tpot(device, "llama-2-7b", batch, prompt, gen, policy, ratio)
+        assert got == pytest.approx(want, rel=0.005), (policy, got, want)
+
+
+def test_gen_one_has_no_decode_steps(device):
+    p = predict(device, "gpt2", 2, 100, 1, "full", 1.0)
+    assert p.tpot_s == 0 and p.e2e_s == pytest.approx(p.ttft_s)
+    assert p.tokens_per_s == pytest.approx(2 / p.ttft_s)
+
+
+def test_operator_tables_have_every_op_and_column(device):
+    p = predict(device, "llama-3-8b", 4, 2048, 256, "keyformer", 0.5)
+    assert list(p.prefill_ops.columns) == TABLE_COLUMNS
+    assert list(p.decode_ops.columns) == ["step"] + TABLE_COLUMNS
+    core = {"qkv_proj", "attn_scores", "softmax", "attn_v", "out_proj", "mlp", "norms", "lm_head", "kv_write"}
+    assert core | {"score_update", "select_topk", "compact"} <= set(p.prefill_ops["op"])
+    assert core | {"score_update", "select_evict"} <= set(p.decode_ops["op"])
+    assert set(p.decode_ops["step"]) == {"first", "mean", "last"}
+    assert set(p.decode_ops["bound"]) <= {"compute", "memory"}
+    # the table adds up to the step: ops + host overhead
+    mean = p.decode_ops[p.decode_ops["step"] == "mean"]
+    assert mean["time_s"].sum() + device.host_overhead_s == pytest.approx(p.tpot_s, rel=1e-9)
+    assert p.prefill_ops["time_s"].sum() + device.host_overhead_s == pytest.approx(p.ttft_s, rel=1e-9)
+
+
+def test_policy_ops_by_policy(device):
+    ops = lambda policy: set(predict(device, "mpt-7b", 1, 1024, 64, policy, 0.5).decode_ops["op"])
+    assert "score_update" not in ops("full") | ops("window") | ops("streaming")
+    assert {"score_update", "select_evict"} <= ops("h2o") & ops("keyformer")
+    flops = lambda policy: predict(device, "mpt-7b", 1, 1024, 64, policy, 0.5).decode_ops.query(
+        "step == 'mean' and op == 'score_update'")["flops"].item()
+    assert flops("keyformer") > flops("h2o") > 0          # Gumbel noise and a second softmax
+
+
+def test_kv_traffic_follows_the_policy(device):
+    m = load_model("llama-2-7b")
+    full = predict(device, m, 1, 1000, 101, "full", 1.0)
+    kv_read = lambda p, step: p.decode_ops.query(f"step == '{step}'")["kv_read_bytes"].sum()
+    per_token = m.kv_bytes_per_token("bf16")
+    assert kv_read(full, "first") == pytest.approx(1000 * per_token)
+    assert kv_read(full, "last") == pytest.approx(1099 * per_token)
+    ev = predict(device, m, 1, 1000, 101, "h2o", 0.25)
+    assert kv_read(ev, "first") == kv_read(ev, "last") == pytest.approx(250 * per_token)
+    # the prefill still runs full attention and writes all n tokens
+    assert ev.prefill_ops.query("op == 'kv_write'")["kv_write_bytes"].item() == pytest.approx(1000 * per_token)
+
+
+def test_beams_multiply_rows_but_not_output_tokens(device):
+    wide = predict(device, "mpt-7b", 1, 1024, 128, "full", 1.0, beams=4)
+    rows = predict(device, "mpt-7b", 4, 1024, 128, "full", 1.0)
+    assert wide.tpot_s == pytest.approx(rows.tpot_s)
+    assert wide.peak_memory_bytes == pytest.approx(rows.peak_memory_bytes)
+    assert wide.tokens_per_s == pytest.approx(rows.tokens_per_s / 4)
+
+
+def test_evaluate_matches_predict_and_mixed_dtypes_match_separate_runs(device):
+    rng = np.random.default_rng(1)
+    n = 40
+    batch, prompt, gen = rng.integers(1, 64, n), rng.integers(16, 8000, n), rng.integers(1, 2000, n)
+    ratio = rng.uniform(0.05, 1, n)
+    kv = np.array(["bf16", "fp8", "int4", "fp16"], dtype=object)[rng.integers(0, 4, n)]
+    wd = np.array(["bf16", "fp8", "int8", "fp32"], dtype=object)[rng.integers(0, 4, n)]
+    mixed = evaluate(device, "llama-3-8b", "keyformer", batch=batch, prompt=prompt, gen=gen, cache_ratio=ratio,
+                     kv_dtype=kv, weight_dtype=wd)
+    for i in range(0, n, 7):
+        one = predict(device, "llama-3-8b", int(batch[i]), int(prompt[i]), int(gen[i]), "keyformer", ratio[i],
+                      kv_dtype=kv[i], weight_dtype=wd[i])
+        assert mixed["tpot_s"][i] == pytest.approx(one.tpot_s, rel=1e-9)
+        assert mixed["ttft_s"][i] == pytest.approx(one.ttft_s, rel=1e-9)
+        assert mixed["max_batch"][i] == one.max_batch
+        assert mixed["peak_memory_bytes"][i] == pytest.approx(one.peak_memory_bytes)
+
+
+def test_des_entries_agree_with_the_request_path(device):
+    p = predict(device, "llama-3-8b", 1, 777, 2, "full", 1.0)
+    assert prefill_time(device, "llama-3-8b", [(777, 0)]) == pytest.approx(p.ttft_s, rel=1e-9)
+    assert decode_step_time(device, "llama-3-8b", [777]) == pytest.approx(p.tpot_s, rel=1e-9)
+    dec = decode_step_time(device, "llama-3-8b", [500, 900, 1300])
+    pre = prefill_time(device, "llama-3-8b", [(256, 0), (128, 512, False)])
+    both = mixed_step_time(device, "llama-3-8b", [500, 900, 1300], [(256, 0), (128, 512, False)])
+    assert max(dec, pre) < both < dec + pre          # one host overhead and one pass over the weights
+    # heterogeneous lengths cost what their total costs (one batched attention kernel)
+    assert dec == pytest.approx(decode_step_time(device, "llama-3-8b", [900, 900, 900]))
+    # a chunk that completes its prompt pays the policy's selection and compaction
+    done = prefill_time(device, "llama-3-8b", [(512, 512)], policy="keyformer", cache_ratio=0.5)
+    partial = prefill_time(device, "llama-3-8b", [(512, 512, False)], policy="keyformer", cache_ratio=0.5)
+    assert done > partial
+
+
+def test_decode_step_time_is_fast_enough_for_a_des(device):
+    kv = np.full(32, 3000.0)
+    decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
+    best = float("inf")
+    for _ in range(5):           # best of 5, in CPU time: the machine's cores are shared
+        t0 = time.process_time()
+        for _ in range(400):
+            decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
+        best = min(best, (time.process_time() - t0) / 400)
+    assert best < 50e-6, f"{best * 1e6:.1f} us per call"
+
+
+def test_kv_override_seam(device):
+    m = load_model("llama-2-7b")
+    prompt, gen = 1000, 200
+    formula = predict(device, m, 2, prompt, gen, "h2o", 0.3)
+    same = np.full((gen + 1, m.n_layers), 300.0)
+    traced = predict(device, m, 2, prompt, gen, "h2o", 0.3, kv_override=same)
+    assert traced.tpot_s == pytest.approx(formula.tpot_s, rel=1e-9)
+    assert traced.inputs["kv_source"] == "trace"
+    # a growing full-attention trace reproduces the step loop exactly
+    grow = (prompt + np.arange(gen + 1, dtype=float))[:, None].repeat(m.n_layers, 1)
+    full = predict(device, m, 2, prompt, gen, "full", 1.0, kv_override=grow)
+    assert full.tpot_s == pytest.approx(step_loop_tpot(device, m, 2, prompt, gen, "full", 1.0), rel=1e-9)
+    # a trace that follows the formula reproduces the formula's memory and capacity
+    full_formula = predict(device, m, 2, prompt, gen, "full", 1.0)
+    assert full.peak_memory_bytes == full_formula.peak_memory_bytes and full.max_batch == full_formula.max_batch
+    assert traced.peak_memory_bytes == formula.peak_memory_bytes and traced.max_batch == formula.max_batch
+    # per-layer lengths matter: half the layers keeping more costs more than all keeping less
+    uneven = same.copy()
+    uneven[:, ::2] = 600.0
+    assert predict(device, m, 2, prompt, gen, "h2o", 0.3, kv_override=uneven).tpot_s > traced.tpot_s
+    with pytest.raises(ValueError, match="kv_override must have shape"):
+        predict(device, m, 2, prompt, gen, "h2o", 0.3, kv_override=np.ones((gen + 1, 3)))
+    with pytest.raises(ValueError, match="non-negative"):
+        predict(device, m, 2, prompt, gen, "h2o", 0.3, kv_override=-same)
+
+
+def test_memory_and_max_batch(device):
+    m = load_model("llama-2-7b")
+    p = predict(device, m, 1, 4096, 1024, "full", 1.0)
+    mem = lambda b: memory_bytes(m, b, kvlen.peak_kv_tokens("full", 4096, 1024, 1.0), prompt=4096)
+    assert p.peak_memory_bytes == pytest.approx(mem(1))
+    if p.max_batch > 0:
+        assert mem(p.max_batch) <= device.memory_bytes < mem(p.max_batch + 1)
+    kv_part = mem(3) - mem(2)
+    assert kv_part >= (4096 + 1024) * m.kv_bytes_per_token("bf16")     # one more sequence's KV at least
+    # evicting policies hold max(n, k+1) tokens: the prefill materialises the whole prompt
+    assert kvlen.peak_kv_tokens("keyformer", 4096, 1024, 0.5) == 4096
+    assert kvlen.peak_kv_tokens("keyformer", 100, 1024, 1.0) == 101
+
+
+def test_a_model_that_does_not_fit_has_max_batch_zero(device):
+    p = predict(device, "llama-2-70b", 1, 1024, 16, "full", 1.0)
+    if p.extra["weight_bytes"] > device.memory_bytes:
+        assert p.max_batch == 0 and p.max_batch_tokens_per_s == 0 and not p.extra["fits"]
+
+
+def test_profiles_can_add_operators_without_touching_the_engine(device):
+    def copy_cache(ctx):   # e.g. an eager stack concatenating the cache every step
+        kv = 2 * ctx.rows * ctx.model.n_kv_heads * ctx.past_tokens * ctx.model.head_dim * ctx.kvb
+        return [Op("cache_concat", True, kv_read_bytes=kv, kv_write_bytes=kv)]
+
+    register_profile(Profile("test-concat", "fused plus a cache copy per step", launches=get_profile("fused").launches,
+                             extra_decode_ops=copy_cache, extra_host_overhead_s=1e-3))
+    try:
+        base = predict(device, "llama-2-7b", 1, 2048, 64, "full", 1.0)
+        slow = predict(device, "llama-2-7b", 1, 2048, 64, "full", 1.0, profile="test-concat")
+        assert "cache_concat" in set(slow.decode_ops["op"]) and "cache_concat" not in set(slow.prefill_ops["op"])
+        assert slow.tpot_s > base.tpot_s + 1e-3
+        assert slow.ttft_s == pytest.approx(base.ttft_s + 1e-3)
+    finally:
+        PROFILES.pop("test-concat")
+    with pytest.raises(ValueError, match="unknown profile"):
+        predict(device, "llama-2-7b", 1, 2048, 64, "full", 1.0, profile="test-concat")
+    with pytest.raises(ValueError, match="unknown ops"):
+        Profile("bad", "x", launches={"no_such_op": 1})
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(cache_ratio=0.0), "cache ratio"), (dict(cache_ratio=1.5), "cache ratio"),
+    (dict(recent_ratio=-0.1), "recent ratio"), (dict(batch=0), "batch"), (dict(gen=0), "gen"),
+    (dict(policy="sparse"), "unknown policy"), (dict(kv_dtype="fp7"), "unknown dtype"),
+])
+def test_bad_inputs_raise_value_errors(device, kwargs, fragment):
+    args = dict(batch=1, prompt=128, gen=8, policy="h2o", cache_ratio=0.5) | kwargs
+    with pytest.raises(ValueError, match=fragment):
+        predict(device, "gpt2", **args)
+
+
+def test_prediction_json_has_the_contract_keys(device):
+    import json
+    d = json.loads(predict(device, "gpt2", 1, 128, 8, "window", 0.5).to_json())
+    for key in ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch",
+                "max_batch_tokens_per_s", "decode_bound", "kv_bytes_per_token", "policy", "cache_ratio"):
+        assert key in d

@@ -1,0 +1,129 @@
+"""`python -m sim.sweep`: grid building, pure chunkable evaluation, outputs, config files, errors."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.cli import run
+from sim.sweep import INPUT_COLUMNS, OUTPUT_COLUMNS, GridConfig, build_grid, evaluate, main
+from tests.sim.conftest import real_device_names
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not {"h100-sxm", "l4"} <= set(real_device_names()),
+                                reason="hwmodels devices not shipped yet")
+SMALL = ["--hw", "h100-sxm,l4", "--models", "llama-3-8b,gpt-j-6b", "--policies", "full,keyformer,window",
+         "--cache-ratios", "0.2,0.5,1.0", "--batches", "1,16", "--prompts", "1024", "--gens", "128,512"]
+
+
+def cli(argv, capsys):
+    code = run(main, argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_small_grid_writes_table_plots_and_summary(tmp_path, capsys):
+    out_dir = tmp_path / "res"
+    code, out, err = cli(SMALL + ["--out", str(out_dir)], capsys)
+    assert code == 0, err
+    assert out.strip() == str(out_dir)
+    names = {p.name for p in out_dir.iterdir()}
+    assert {"points.parquet", "points.csv", "summary.md", "latency_vs_cache_ratio.png", "throughput_vs_batch.png",
+            "max_batch_throughput_vs_cache_ratio.png"} <= names
+    assert not any(n.endswith(".tmp") or ".tmp." in n for n in names)
+    table = pd.read_parquet(out_dir / "points.parquet")
+    assert len(table) == 2 * 2 * 3 * 3 * 2 * 1 * 2
+    assert set(INPUT_COLUMNS + OUTPUT_COLUMNS) <= set(table.columns)
+    assert table[OUTPUT_COLUMNS].notna().all().drop(["max_batch_tpot_s"]).all()
+    csv = pd.read_csv(out_dir / "points.csv")
+    assert len(csv) == len(table) and list(csv.columns) == list(table.columns)
+    summary = (out_dir / "summary.md").read_text()
+    assert "design points" in summary and "keyformer vs full" in summary
+
+
+def test_evaluate_is_pure_and_chunkable():
+    points = build_grid(GridConfig(hw=["h100-sxm", "l4"], models=["llama-3-8b"], batches=[1, 8], prompts=[512, 2048],
+                                   gens=[64], cache_ratios=[0.3, 1.0], kv_dtypes=["bf16", "fp8"]))
+    whole = evaluate(points)
+    assert len(whole) == len(points) and list(whole.columns) == OUTPUT_COLUMNS
+    shuffled = points.sample(frac=1.0, random_state=0)
+    bounds = np.linspace(0, len(shuffled), 8).astype(int)
+    parts = pd.concat([evaluate(shuffled.iloc[a:b]) for a, b in zip(bounds[:-1], bounds[1:])], ignore_index=True)
+    expected = whole.iloc[shuffled.index].reset_index(drop=True)
+    pd.testing.assert_frame_equal(parts, expected)
+    assert {"hw_hash", "model_hash"} <= set(points.columns)
+
+
+def test_default_grid_evaluates_quickly():
+    """The default sweep's model evaluation (the part that scales with the grid)."""
+    points = build_grid(GridConfig())
+    assert len(points) >= 10_000
+    assert "cpu" not in " ".join(points["hw"].unique())
+    t0 = time.perf_counter()
+    evaluate(points)
+    assert time.perf_counter() - t0 < 20
+
+
+@pytest.mark.slow
+def test_default_sweep_end_to_end_under_30_s(tmp_path):
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "sim.sweep", "--out", str(tmp_path / "d")], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert time.perf_counter() - t0 < 30
+    assert (tmp_path / "d" / "points.parquet").exists()
+
+
+def test_default_output_folder_is_named_and_printed(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli(["--hw", "l4", "--models", "gpt2", "--cache-ratios", "0.5", "--batches", "1", "--prompts", "64",
+                        "--gens", "8", "--no-plots"], capsys)
+    assert code == 0
+    folder = Path(out.strip())
+    assert folder.parent.name == "results" and folder.name.startswith("sweep-") and (tmp_path / folder).is_dir()
+
+
+def test_yaml_config_and_flag_override(tmp_path, capsys):
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text("devices: [l4]\nmodels: [gpt2, smollm2-135m]\npolicies: [h2o]\ncache_ratios: [0.1, 0.9]\n"
+                   "batches: [1]\nprompts: [256]\ngens: [16]\nkv_dtypes: [fp8]\n")
+    code, out, err = cli(["--config", str(cfg), "--batches", "2,4", "--out", str(tmp_path / "o"), "--no-plots"], capsys)
+    assert code == 0, err
+    table = pd.read_parquet(tmp_path / "o" / "points.parquet")
+    assert len(table) == 2 * 2 * 2 and set(table["batch"]) == {2, 4} and set(table["kv_dtype"]) == {"fp8"}
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--hw", "no-such-gpu"], "no-such-gpu"),
+    (["--models", "llama-9"], "unknown model"),
+    (["--policies", "sparse"], "unknown policy"),
+    (["--cache-ratios", "0,0.5"], "cache_ratios"),
+    (["--cache-ratios", "1.5"], "cache_ratios"),
+    (["--batches", "x"], "--batches"),
+    (["--batches", "0"], "positive integers"),
+    (["--kv-dtypes", "fp7"], "unknown dtype"),
+    (["--profiles", "nope"], "unknown profile"),
+    (["--config", "/no/such/grid.yaml"], "not found"),
+    (["--frobnicate"], "unrecognized arguments"),
+])
+def test_bad_flags_are_one_line_exit_2(argv, fragment, capsys, tmp_path):
+    code, out, err = cli(argv + ["--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("models: [gpt2\n", "not valid YAML"),
+    ("colours: [red]\n", "unknown key 'colours'"),
+    ("- 1\n- 2\n", "expected a mapping"),
+    ("batches: []\n", "non-empty list"),
+])
+def test_bad_config_files(tmp_path, capsys, text, fragment):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    code, _, err = cli(["--config", str(cfg), "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and fragment in err and err.count("\n") == 1

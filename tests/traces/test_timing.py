@@ -1,0 +1,92 @@
+"""traces.timing: the timing mode runs in seconds on a tiny model, writes a folder sim.validate can load,
+resumes without re-measuring, refuses to mix settings, and gives one-line errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("keyformer.generate")
+
+from traces import timing  # noqa: E402
+
+TINY = ["--model", "tiny-llama", "--batch", "1,2", "--context", "32,64", "--policy", "full",
+        "--policy", "keyformer:0.5", "--prefill", "16", "--repeats", "2", "--warmup", "1"]
+
+
+def run(argv, capsys):
+    rc = timing.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_tiny_model_writes_a_loadable_folder(tmp_path, capsys):
+    rc, _, err = run(TINY + ["--out", tmp_path], capsys)
+    assert rc == 0, err
+    folder = tmp_path / "tiny-llama"
+    table = pd.read_parquet(folder / "timing.parquet")
+    assert len(table) == 2 * 2 * 2 + 1
+    assert list(table.columns) == list(timing.TIMING_COLUMNS)
+    assert (table["median_s"] > 0).all() and (table["p10_s"] <= table["p90_s"]).all()
+    assert set(table["omp_wait_policy"]) == {"ACTIVE"} and set(table["threads"]) == {1}
+    decode = table[table["phase"] == "decode"].set_index(["policy", "batch", "context"])
+    # kept tokens come from the policy itself: keyformer holds its budget, full the whole context (+ steps)
+    assert decode.loc[("keyformer", 1, 64), "kv_tokens"] == 32
+    assert decode.loc[("full", 1, 64), "kv_tokens"] > 64
+    assert decode.loc[("keyformer", 1, 64), "slots"] == 33
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["kind"] == "kvsim-timing" and manifest["hw_device"] == "cpu-local"
+    assert manifest["env"]["omp_wait_policy"] == "ACTIVE" and manifest["points"] == len(table)
+    # the simulator side reads it without torch
+    from sim.validation.measured import load_timing
+    from sim.models import load_model
+    source = load_timing(folder)
+    assert source.profile == "kvsim-eager" and load_model(source.model_config).n_layers == 2
+    assert (folder / "timing.csv").exists() and not list(folder.glob("*.tmp"))
+
+
+def test_rerun_resumes_and_refuses_other_settings(tmp_path, capsys):
+    small = ["--model", "tiny-gpt2", "--batch", "1", "--context", "32", "--policy", "full", "--prefill", "none",
+             "--repeats", "2", "--warmup", "0", "--out", tmp_path]
+    assert run(small, capsys)[0] == 0
+    first = pd.read_parquet(tmp_path / "tiny-gpt2" / "timing.parquet")
+    # a grid with one more context measures only the new point; the old row is kept as it was
+    rc, _, err = run(small[:5] + ["32,48"] + small[6:], capsys)
+    assert rc == 0, err
+    second = pd.read_parquet(tmp_path / "tiny-gpt2" / "timing.parquet")
+    assert len(second) == 2
+    old = second[second["context"] == 32].iloc[0]
+    assert old["measured_at"] == first.iloc[0]["measured_at"] and old["median_s"] == first.iloc[0]["median_s"]
+    # other repeats would mix incomparable points: refused with one line
+    rc, _, err = run(small[:-2] + ["--repeats", "3", "--out", tmp_path], capsys)
+    assert rc == 2 and "other settings" in err and "repeats" in err and err.count("\n") == 1
+    # --fresh starts over
+    rc, _, _ = run(small[:-2] + ["--repeats", "3", "--fresh", "--out", tmp_path], capsys)
+    assert rc == 0 and len(pd.read_parquet(tmp_path / "tiny-gpt2" / "timing.parquet")) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "keyformer"], "needs a ratio"),
+    (["--policy", "keyformer:1.5"], "ratio must be in (0, 1]"),
+    (["--policy", "full:0.5"], "full keeps the whole context"),
+    (["--model", "no-such-model"], "not found"),
+    (["--batch", "0"], "positive"),
+    (["--context", "a,b"], "comma-separated integers"),
+    (["--threads", "0"], "--threads"),
+    (["--dtype", "int4"], "not supported for timing"),
+    (["--device", "cuda"], "--device other than cpu needs --out"),
+])
+def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
+    rc, _, err = run(["--model", "tiny-gpt2", "--out", tmp_path] + argv, capsys)
+    assert rc == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_module_runs_on_its_own(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "traces.timing", "--model", "nope", "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
