@@ -51,13 +51,14 @@ def bench_grid(n_points: int) -> pd.DataFrame:
 
 
 def key_columns(points: pd.DataFrame) -> list[str]:
-    return [c for c in sweep.INPUT_COLUMNS + ["hw_hash", "model_hash"] if c in points.columns]
+    return sweep.cache_key_columns(points)   # exactly what `python -m sim.sweep` keys its cache on
 
 
 def timed_run(points, executor, cache_dir=None, progress=True, desc="") -> dict:
     start = time.perf_counter()
     result = runner.run_points(points, sweep.evaluate, key_columns=key_columns(points), cache_dir=cache_dir,
-                               executor=executor, collect=False, progress=progress, desc=desc)
+                               executor=executor, collect=False, progress=progress, desc=desc,
+                               eval_columns=sweep.INPUT_COLUMNS)
     seconds = time.perf_counter() - start
     return {"points": len(points), "computed": result.n_computed, "cached": result.n_cached,
             "seconds": round(seconds, 3), "points_per_s": round(len(points) / seconds, 1),

@@ -164,11 +164,12 @@ def check_supported(model) -> None:
 
 def install_slot_layers(policy, cache, n_layers: int) -> None:
     """Turn an empty transformers cache into the policy's slot cache (same object: generate keeps it)."""
-    if not isinstance(cache, compat.Cache):
-        raise ValueError(f"unsupported cache type {type(cache).__name__}")
+    if type(cache) not in (compat.DynamicCache, compat.Cache):
+        raise ValueError(f"{type(cache).__name__} is not supported: the KV policies need a plain DynamicCache")
     for layer in cache.layers:
-        if getattr(layer, "is_sliding", False) or type(layer).__name__.startswith("Static"):
-            raise ValueError(f"{type(layer).__name__} layers are not supported: the KV policies need a dynamic cache")
+        if type(layer) not in (compat.DynamicLayer, SlotLayer):
+            raise ValueError(f"{type(layer).__name__} layers are not supported: the KV policies need plain "
+                             "dynamic (full-attention) layers")
     if cache.get_seq_length() > 0:
         raise ValueError("the cache already holds tokens that were not prefilled under this policy")
     cache.layers = [SlotLayer(policy, i) for i in range(n_layers)]

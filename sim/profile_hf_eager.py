@@ -86,22 +86,25 @@ EAGER_LAUNCHES = {
 
 # The policies' score path as eager kernels, per layer and decode step, and full passes over the
 # (rows x query heads x kept) fp32 score tensor each kernel makes.
-#   kvsim keyformer (keyformer/keyformer.py + base.py): rand, clamp_, log_, neg_, log_, neg_ (noise), add,
-#     div by tau, softmax (3 passes), sum over queries, sum over the GQA group, += into the scores: 12
-#     kernels, ~26 passes. Eviction (base._evict_one): position compare/sub/where x3, argmin, two scatters
-#     (~10 kernels over rows x kv heads x slots).
-#   kvsim h2o: sum, sum, += (3 kernels, ~5 passes); same eviction.
-#   paper keyformer (official MPT attention.py, Gumbel path): copy.deepcopy of the logits (2 passes),
-#     noise (5 kernels, 9 passes), add, divide, softmax (3), sum over batch and beams, accumulate, tau
-#     update: ~14 kernels, ~24 passes; selection topk + mask rebuild + masked_fill (~6 kernels).
-#   paper h2o: the paper's H2O baseline is the same attention code without the logit adjustment ("No logit
-#     adjustment ... mirroring the approach used in H2O", paper §4.4.3): the Gumbel path minus the noise
-#     (deepcopy, softmax, sums, accumulate: ~10 kernels, ~15 passes) and the same selection.
+#   kvsim keyformer (keyformer/keyformer.py + base.py): noise = rand, clamp_, log_, neg_, log_, neg_ (6
+#     kernels, 11 passes), add, divide by tau, softmax (3 kernels, ~8 passes), sum over the query axis and the
+#     GQA group (2 kernels, ~2 passes), += into the slot scores (1 kernel): 12 kernels, ~22 passes.
+#     Eviction (base._evict_one): newest - recent, compare, pos < 0, or, where(inf), argmin, two scatter_
+#     (8 kernels, ~10 passes over rows x kv heads x slots).
+#   kvsim h2o: the same sums and accumulation without noise or second softmax (3 kernels, ~5 passes).
+#   paper keyformer (official MPT attention.py, shared/docs/keyformer-paper.md §1.3-1.4, §4.4): copy.deepcopy
+#     of the logits (1 kernel, 2 passes); F.gumbel_softmax = empty_like().exponential_().log().neg(), add,
+#     divide by tau, softmax (6 kernels, ~10 passes); sum over batch/beams and query rows (2 kernels, 2
+#     passes); accumulate into the score (2 kernels, 3 passes): 11 kernels, ~17 passes. Selection: topk,
+#     discard-mask rebuild and AND, masked_fill of the logits (~6 kernels, ~4 passes over the scores).
+#   paper h2o: the paper's H2O baseline is the same code without the logit adjustment ("No logit
+#     adjustment ... mirroring the approach used in H2O", paper §4.4.3): softmax of the raw logits (1, ~3
+#     passes), the two sums and the accumulation: 5 kernels, ~8 passes; the same selection.
 POLICY_PATHS = {
-    ("kvsim", "keyformer"): dict(score_launches=12, score_passes=26, evict_launches=10, evict_passes=8),
-    ("kvsim", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=10, evict_passes=8),
-    ("hf", "keyformer"): dict(score_launches=14, score_passes=24, evict_launches=6, evict_passes=4),
-    ("hf", "h2o"): dict(score_launches=10, score_passes=15, evict_launches=6, evict_passes=4),
+    ("kvsim", "keyformer"): dict(score_launches=12, score_passes=22, evict_launches=8, evict_passes=10),
+    ("kvsim", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=8, evict_passes=10),
+    ("hf", "keyformer"): dict(score_launches=11, score_passes=17, evict_launches=6, evict_passes=4),
+    ("hf", "h2o"): dict(score_launches=5, score_passes=8, evict_launches=6, evict_passes=4),
 }
 # The paper's physical-eviction variants compact K/V every EVICT_INTERVAL steps (attention_keyformer_*).
 EVICT_INTERVAL = 8
@@ -204,11 +207,13 @@ def hf_prefill_ops(ctx: OpContext) -> list[Op]:
         ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
     if ctx.policy == "keyformer":
         # Gumbel path: copy.deepcopy of the n x n logits, noise, noisy softmax, column sums.
-        ops.append(Op("policy_eager_passes", True, flops=24 * elems, act_bytes=24 * elems * SCORE_BYTES,
-                      launches=20))
+        path = POLICY_PATHS[("hf", "keyformer")]
+        ops.append(Op("policy_eager_passes", True, flops=path["score_passes"] * elems,
+                      act_bytes=path["score_passes"] * elems * SCORE_BYTES, launches=path["score_launches"]))
     elif ctx.policy == "h2o":
-        ops.append(Op("policy_eager_passes", True, flops=15 * elems, act_bytes=15 * elems * SCORE_BYTES,
-                      launches=14))
+        path = POLICY_PATHS[("hf", "h2o")]
+        ops.append(Op("policy_eager_passes", True, flops=path["score_passes"] * elems,
+                      act_bytes=path["score_passes"] * elems * SCORE_BYTES, launches=path["score_launches"]))
     return ops
 
 
@@ -237,7 +242,7 @@ def kvsim_decode_ops(ctx: OpContext) -> list[Op]:
     ops = [
         # slot_bias: where(positions >= 0, 0, -inf) per layer, then logits + bias, logits *= scale: the
         # bias is built from the slot positions (read long, write fp32) and added to every logit.
-        Op("slot_mask", True, act_bytes=slot_elems * SLOT_MASK_BYTES + 2 * elems * SCORE_BYTES, launches=4),
+        Op("slot_mask", True, act_bytes=slot_elems * SLOT_MASK_BYTES + 2 * elems * SCORE_BYTES, launches=3),
         # cache.update also scatters the newcomer's position and zeroes its score; the full policy
         # advances free_slot (and checks growth with a host sync).
         Op("slot_bookkeeping", True, act_bytes=ctx.rows * m.n_kv_heads * 2 * 8, launches=4),

@@ -57,7 +57,7 @@ class ServeConfig:
     block_size: int = 16                   # tokens per KV block
     memory_utilization: float = 1.0       # fraction of device memory usable (vLLM --gpu-memory-utilization)
     watermark: float = DEFAULT_WATERMARK
-    trace: str | None = None               # trace folder: per-request KV lengths from captured runs
+    trace: Any = None                      # trace folder (or a loaded traces.Trace): per-request KV lengths
     trace_heads: str = "mean"              # mean | max (a kernel padded to the fullest head)
 
     def __post_init__(self):
@@ -87,6 +87,8 @@ class ServeConfig:
         for key in ("hw", "model"):
             if not isinstance(out[key], str):
                 out[key] = getattr(out[key], "name", str(out[key]))
+        if out["trace"] is not None and not isinstance(out["trace"], str):
+            out["trace"] = str(getattr(out["trace"], "path", out["trace"]))
         return out
 
 
@@ -94,6 +96,7 @@ CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 
 
 def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
+    """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure."""
     setup = engine.make_setup(cfg.hw, cfg.model, cfg.policy, cfg.weight_dtype, cfg.kv_dtype, cfg.profile)
     workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed)
     if cfg.trace is not None:

@@ -133,11 +133,10 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
         frame["trace"] = trace_label(trace_dir)
         frame["trace_path"] = str(trace_dir.resolve())
         frame["trace_hash"] = trace_identity(trace_dir)
-        frame["trace_model"] = own_model
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=sweep.INPUT_COLUMNS + ["policy_label", "hw_hash", "model_hash", "trace",
-                                                           "trace_path", "trace_hash", "trace_model"])
+                                                           "trace_path", "trace_hash"])
     return pd.concat(frames, ignore_index=True)
 
 

@@ -183,3 +183,56 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
     os.replace(tmp, path)
     return path
+
+
+def _fmt_rate(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _model_names(models: pd.Series) -> list[str]:
+    """Model cells as people read them: `trace:/path/to/trace` (a trace's own model) -> `trace's own model`."""
+    return sorted({"the trace's own model" if str(m).startswith("trace:") else str(m) for m in models.unique()})
+
+
+def write_tradeoff(joined: pd.DataFrame, out_dir: str | Path, throughput: str, plots: bool = True) -> list[str]:
+    """tradeoff.parquet / .csv (every trace-driven point with its measured quality and a `pareto`
+    flag per trace x device) and one `pareto_<trace>.png` per trace; returns the summary's section.
+
+    Each trace is judged by its own headline metric (ROUGE-2 for summaries; top-1 agreement for a
+    teacher-forced run; retained attention mass when a trace was not scored)."""
+    from sim.cli import atomic_writer
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by = "hw" if "hw" in joined.columns else "device"
+    parts, lines = [], ["## Quality vs throughput (trace-driven)", "",
+                        f"Quality is what each trace measured on its real model; throughput (`{throughput}`) is "
+                        "predicted from the trace's own per-step, per-layer KV lengths. Pareto front per device "
+                        "(no other setting is both faster and better), fastest last:", ""]
+    for trace, group in joined.groupby("trace", sort=True):
+        metric = quality_metric(group)
+        usable = group[np.isfinite(group[throughput].astype(float)) & (group[throughput].astype(float) > 0)]
+        flagged = pareto_front(usable, throughput, metric, by=by) if len(usable) else usable.assign(pareto=False)
+        parts.append(group.assign(quality_metric=metric, pareto=flagged["pareto"].reindex(group.index, fill_value=False)))
+        label = "policy_label" if "policy_label" in group.columns else "policy"
+        lines += [f"### {trace} ({metric}; quality measured on {group['trace_model'].iloc[0]}, "
+                  f"throughput predicted for {', '.join(_model_names(group['model']))})", "",
+                  f"| {by} | Pareto front: policy@ratio ({metric}, tokens/s) |", "|---|---|"]
+        for device, dev in flagged[flagged["pareto"]].groupby(by, sort=True):
+            front = dev.sort_values(throughput)
+            cells = "; ".join(f"{r[label]}@{r['cache_ratio']:g} ({r[metric]:.3g}, {_fmt_rate(r[throughput])})"
+                              for _, r in front.iterrows())
+            lines.append(f"| {device} | {cells} |")
+        lines.append("")
+        if plots and len(usable):
+            name = "pareto_" + str(trace).replace("/", "_") + ".png"
+            plot_pareto(usable, throughput, metric, out_dir / name, by=by,
+                        title=f"{trace}: measured {metric} vs predicted {throughput.replace('_', ' ')}")
+            lines += [f"Plot: `{name}`", ""]
+    table = pd.concat(parts) if parts else joined.assign(pareto=False)
+    for name, write in (("tradeoff.parquet", lambda p: table.to_parquet(p, index=False)),
+                        ("tradeoff.csv", lambda p: table.to_csv(p, index=False))):
+        atomic_writer(out_dir / name, write)
+    return lines

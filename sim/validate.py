@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _short(path) -> str:
+    """A path relative to the repository when it is inside it (reports must not name one machine's paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(DEFAULT_OUT.parent))
+    except ValueError:
+        return str(path)
+
+
 def hardware_notes(hw_names) -> list[str]:
     """One line per hardware file: calibrated from what (or datasheet)."""
     from sim.validation.predict import _device
@@ -61,12 +69,12 @@ def hardware_notes(hw_names) -> list[str]:
         if cal:
             series = ", ".join(sorted((cal.get("series") or {}).keys()))
             env = cal.get("env", {})
-            notes.append(f"`{device.name}` ({device.source_path}): calibrated by {cal.get('tool')} ({cal.get('mode')} "
+            notes.append(f"`{device.name}` ({_short(device.source_path)}): calibrated by {cal.get('tool')} ({cal.get('mode')} "
                          f"mode) on {cal.get('host')} {cal.get('date')}, {env.get('torch_threads')} thread(s), "
                          f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY')}, from microbenchmarks only: {series}. "
                          "No model run and no validation point is among its inputs.")
         else:
-            notes.append(f"`{device.name}` ({device.source_path}): datasheet file (peaks and efficiency curves "
+            notes.append(f"`{device.name}` ({_short(device.source_path)}): datasheet file (peaks and efficiency curves "
                          "from public sources, each cited in the file); not fitted to any validation point.")
     return notes
 
@@ -80,11 +88,22 @@ def setting_warnings(sources) -> list[str]:
         cal_threads = (cal.get("env") or {}).get("torch_threads")
         threads = s.manifest.get("env", {}).get("threads")
         if cal_threads is not None and threads is not None and int(cal_threads) != int(threads):
-            warnings.append(f"`{s.name}` was measured with {threads} thread(s) but `{s.hw}` was calibrated with "
+            warnings.append(f"`{s.name}` was measured with {threads} thread(s) but `{s.hw_label}` was calibrated with "
                             f"{cal_threads}: bandwidth and FLOP rates differ between the two settings")
+        table = s.table
+        if "cpu_median_s" in table.columns and (table.get("threads") == 1).all():
+            ratio = float((table["median_s"] / table["cpu_median_s"]).median())
+            if ratio > 1.2:
+                warnings.append(f"`{s.name}`: median wall time is {ratio:.2f}x the thread's CPU time: the points "
+                                "were measured while other processes competed for the CPU (timings inflated); "
+                                "remeasure on a quiet machine")
         if cal.get("mode") == "quick":
-            warnings.append(f"`{s.hw}` is a QUICK calibration (warm caches, few sizes): not for predictions")
-    return warnings
+            warnings.append(f"`{s.hw_label}` is a QUICK calibration (warm caches, few sizes): not for predictions")
+        before = ((cal.get("load_average") or {}).get("before") or [0.0])[0]
+        if before and float(before) > 1.0:
+            warnings.append(f"`{s.hw_label}` was calibrated at load average {float(before):.1f} (other processes running): "
+                            "its bandwidth and FLOP rates may be understated")
+    return list(dict.fromkeys(warnings))
 
 
 def summary_json(points, threshold: float, out_path: Path, sources) -> dict:
@@ -97,6 +116,9 @@ def summary_json(points, threshold: float, out_path: Path, sources) -> dict:
         "mape": {row.group: round(row.mape, 3) for row in by_regime.itertuples()},
         "max_error": {row.group: round(row.max_error, 3) for row in by_regime.itertuples()},
         "points_by_regime": {row.group: int(row.points) for row in by_regime.itertuples()},
+        "by_origin_regime": {row.group: {"points": int(row.points), "mape": round(row.mape, 3),
+                                         "max_error": round(row.max_error, 3)}
+                             for row in stats(points, ["origin", "regime"]).itertuples()},
         "by_source": {row.group: {"points": int(row.points), "mape": round(row.mape, 3),
                                   "max_error": round(row.max_error, 3)} for row in by_source.itertuples()},
         "targets": [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in t.items()}

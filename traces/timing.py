@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -384,6 +385,8 @@ def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_devic
     import torch
 
     folder = TimingFolder.open(out / name, grid.settings(), fresh)
+    if hw_device.endswith((".yaml", ".yml")):   # a hardware file path: stored relative to the folder
+        hw_device = os.path.relpath(Path(hw_device).resolve(), (out / name).resolve())
     todo = [p for p in grid.prefill_points() + grid.decode_points() if _key(p) not in folder.done()]
     progress.update(len(grid.prefill_points()) + len(grid.decode_points()) - len(todo))
     if not todo:
@@ -471,7 +474,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt_on_term(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    # `kill` (SIGTERM) stops a background run as cleanly as Ctrl-C: finished points are already on disk.
+    previous = signal.signal(signal.SIGTERM, _interrupt_on_term)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         grid = TimingGrid(batches=args.batch, contexts=args.context,
@@ -482,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
         out = args.out if args.out is not None else DEFAULT_OUT
         hw_device = args.hw or "cpu-local"
+        if hw_device.endswith((".yaml", ".yml")):
+            if not Path(hw_device).is_file():
+                raise TimingError(f"--hw {hw_device}: no such hardware file")
         models = [resolve_config(m) for m in (args.model or DEFAULT_MODELS)]
         if args.device.startswith("cuda"):
             import torch

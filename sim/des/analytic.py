@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from sim import engine, kvlen
-from sim.ops import SCORE_BYTES
 
 
 class AnalyticTimer:
@@ -79,8 +78,11 @@ class TraceKV:
         return max((len(v) for v in self._cache.values()), default=0)
 
 
-def load_trace(path: str | Path):
-    """traces.load(path), imported lazily (the trace reader is optional for the DES)."""
+def load_trace(path):
+    """traces.load(path), imported lazily (the trace reader is optional for the DES); an already
+    loaded Trace passes through, so a sweep can load a folder once for many points."""
+    if hasattr(path, "kv_override_per_sample"):
+        return path
     if not Path(path).is_dir():
         raise FileNotFoundError(f"trace folder {path} not found")
     try:
@@ -107,14 +109,20 @@ class MemoryBudget:
 
 def memory_budget(hw, model, *, policy: str, kv_dtype: str, weight_dtype: str, profile: str,
                   step_tokens: int, memory_utilization: float) -> MemoryBudget:
-    """Like vLLM's profiling run: the KV cache gets what weights and the largest step leave."""
+    """Like vLLM's profiling run: the KV cache gets what weights and the largest step leave.
+
+    Every byte comes from sim.engine.memory_bytes (one request, `step_tokens` of prefill): the workspace is
+    its footprint without KV minus the weights, the bytes per token its increment per cached token (K and
+    V, the fp32 score of H2O/Keyformer, and whatever the operator profile adds)."""
     s = engine.make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+
+    def footprint(kv_tokens: float) -> float:
+        return float(engine.memory_bytes(s.model, 1, kv_tokens, prompt=step_tokens, kv_dtype=s.kv_dtype,
+                                         weight_dtype=s.weight_dtype, policy=s.policy, profile=s.profile,
+                                         hw=s.hw))
+
     weights = float(s.model.weight_bytes(s.weight_dtype))
-    with_step = float(engine.memory_bytes(s.model, 1, 0.0, prompt=step_tokens, kv_dtype=s.kv_dtype,
-                                          weight_dtype=s.weight_dtype, policy=s.policy, profile=s.profile))
-    per_token = s.model.kv_bytes_per_token(s.kv_dtype)
-    if s.policy in kvlen.SCORED:  # same accounting as sim.engine.memory_bytes: one fp32 score per kept token
-        per_token += s.model.n_layers * s.model.n_kv_heads * SCORE_BYTES
+    no_kv = footprint(0.0)
     device = float(s.hw.memory_bytes)
     return MemoryBudget(device_bytes=device, usable_bytes=device * memory_utilization, weight_bytes=weights,
-                        workspace_bytes=with_step - weights, kv_bytes_per_token=float(per_token))
+                        workspace_bytes=no_kv - weights, kv_bytes_per_token=footprint(1.0) - no_kv)

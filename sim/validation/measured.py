@@ -33,8 +33,21 @@ class TimingSource:
             return self.path.name
 
     @property
+    def origin(self) -> str:
+        """Where the points come from: the first folder level under traces/data (cpu, h200, ...)."""
+        return self.name.split("/")[0] if "/" in self.name else self.manifest.get("device", self.name)
+
+    @property
     def hw(self) -> str:
-        return self.manifest["hw_device"]
+        """hwmodels device name, or a hardware YAML path (stored relative to the timing folder)."""
+        hw = self.manifest["hw_device"]
+        if hw.endswith((".yaml", ".yml")):
+            return str((self.path / hw).resolve())
+        return hw
+
+    @property
+    def hw_label(self) -> str:
+        return Path(self.manifest["hw_device"]).stem
 
     @property
     def model_config(self) -> Path:

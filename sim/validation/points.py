@@ -14,7 +14,7 @@ from sim.models import load_model
 from sim.validation import predict
 from sim.validation.references import describe, row_runs
 
-POINT_COLUMNS = ("source", "kind", "id", "configuration", "metric", "unit", "regime", "measured", "predicted",
+POINT_COLUMNS = ("origin", "source", "kind", "id", "configuration", "metric", "unit", "regime", "measured", "predicted",
                  "error_pct", "profile", "hw", "calibration", "note")
 # Profiles predicted beside each point's own profile, to show what the software stack is worth.
 COMPARE_PROFILES = ("fused", "kvsim-eager", "hf-eager")
@@ -22,6 +22,16 @@ COMPARE_PROFILES = ("fused", "kvsim-eager", "hf-eager")
 
 def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured * 100.0
+
+
+def _disturbance(t) -> str:
+    """Wall / thread-CPU time of a one-thread CPU point: 1.0 when nothing else ran, 2.0 when the point
+    got half a core (its wall time is then inflated by other processes, not by its own work)."""
+    cpu = t.get("cpu_median_s") if hasattr(t, "get") else None
+    threads = t.get("threads") if hasattr(t, "get") else None
+    if cpu is None or not np.isfinite(cpu) or cpu <= 0 or threads != 1:
+        return ""
+    return f"; wall/CPU {t['median_s'] / cpu:.2f}"
 
 
 def reference_points(refs: pd.DataFrame, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -32,7 +42,7 @@ def reference_points(refs: pd.DataFrame, progress=None) -> tuple[pd.DataFrame, p
         run, base = row_runs(ref)
         predicted = predict.reference_value(ref["metric"], run, base)
         source = f"{ref['file'].removesuffix('.csv')}: {ref['where']}"
-        rows.append(dict(source=source, kind="reference", id=ref["id"], configuration=describe(ref),
+        rows.append(dict(origin=ref["file"].removesuffix(".csv"), source=source, kind="reference", id=ref["id"], configuration=describe(ref),
                          metric=ref["metric"], unit=ref["unit"], regime=ref["regime"], measured=float(ref["value"]),
                          predicted=predicted, error_pct=_error(predicted, float(ref["value"])),
                          profile=run.profile, hw=run.device,
@@ -55,8 +65,9 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     own = source.profile
     rows, compare = [], []
     predicted_by_profile: dict[tuple, dict[str, float]] = {}
-    calibration = (f"{source.hw}: microbenchmarks only (hwmodels.calibrate); this grid was never an input"
-                   if source.hw.endswith("local") else f"{source.hw}")
+    device = predict._device(source.hw)
+    calibration = (f"{device.name}: calibrated from microbenchmarks only; this grid was never an input"
+                   if device.calibration else f"{device.name}: datasheet file")
     for _, t in table.iterrows():
         batch, context, policy, ratio = int(t["batch"]), int(t["context"]), str(t["policy"]), float(t["cache_ratio"])
         by_profile = {}
@@ -79,8 +90,9 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         else:
             regime, config = "prefill", f"{model.name} prefill b{batch} n{context}"
             note = f"p10-p90 {t['p10_s'] * 1e3:.1f}-{t['p90_s'] * 1e3:.1f} ms"
+        note += _disturbance(t)
         measured = float(t["median_s"])
-        rows.append(dict(source=source.name, kind="measured", id=f"{source.name}/{t['phase']}/{label}/b{batch}/n{context}",
+        rows.append(dict(origin=source.origin, source=source.name, kind="measured", id=f"{source.name}/{t['phase']}/{label}/b{batch}/n{context}",
                          configuration=config, metric="step_latency_s" if t["phase"] == "decode" else "prefill_s",
                          unit="s", regime=regime, measured=measured, predicted=by_profile[own],
                          error_pct=_error(by_profile[own], measured), profile=own, hw=source.hw,
@@ -101,7 +113,7 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         measured = float(t["median_s"]) / full[(batch, context)]
         num = predicted_by_profile[("decode", policy, ratio, batch, context)]
         den = predicted_by_profile[("decode", "full", 1.0, batch, context)]
-        rows.append(dict(source=source.name, kind="measured",
+        rows.append(dict(origin=source.origin, source=source.name, kind="measured",
                          id=f"{source.name}/ratio/{policy} {ratio:g}/b{batch}/n{context}",
                          configuration=f"{model.name} b{batch} ctx{context} {policy} {ratio:g} / full",
                          metric="latency_ratio", unit="x", regime="eviction-ratio", measured=measured,
@@ -133,9 +145,10 @@ def collect(refs: pd.DataFrame, sources: list, show_progress: bool = True) -> tu
     return points_df, compare_df
 
 
-def stats(points: pd.DataFrame, by: str | None = "regime") -> pd.DataFrame:
+def stats(points: pd.DataFrame, by: str | list | None = "regime") -> pd.DataFrame:
     """points, MAPE, max |error| (and the point that has it) per group, plus an 'overall' row."""
     groups = list(points.groupby(by, sort=False)) if by else []
+    groups = [(" / ".join(name) if isinstance(name, tuple) else name, g) for name, g in groups]
     groups.append(("overall", points))
     out = []
     for name, group in groups:

@@ -9,10 +9,10 @@ Adding a reference is adding a row. Columns (all required; baseline_* empty unle
   software              the profile that models the stack the paper ran (hf-eager, fused, ...)
   dtype                 weights and KV dtype of the run
   batch, beam, prompt, gen, policy, cache_ratio
-  metric                tokens_per_s | speedup | kv_movement_ratio | kv_time_share
+  metric                tokens_per_s | speedup | kv_movement_ratio | kv_time_share | max_batch
   baseline_policy, baseline_cache_ratio, baseline_batch   the denominator of a ratio metric
   value, unit           the published number
-  regime                decode-b1 | decode-large-batch | prefill | eviction-ratio | breakdown
+  regime                decode-b1 | decode-large-batch | prefill | eviction-ratio | breakdown | capacity
 
 Metric definitions (what the simulator computes for the row):
   tokens_per_s        batch * gen / end-to-end time (prefill included), as the engine's Prediction.tokens_per_s
@@ -21,6 +21,7 @@ Metric definitions (what the simulator computes for the row):
                       of an operator is its time times the KV share of its bytes; cache copies (concat,
                       reorder, compaction) are all KV.
   kv_time_share       KV data-movement time / end-to-end time of the row's request
+  max_batch           the largest batch (requests) whose peak memory fits the device (Prediction.max_batch)
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ import numpy as np
 import pandas as pd
 
 REFERENCES_DIR = Path(__file__).resolve().parents[1] / "references"
-METRICS = ("tokens_per_s", "speedup", "kv_movement_ratio", "kv_time_share")
+METRICS = ("tokens_per_s", "speedup", "kv_movement_ratio", "kv_time_share", "max_batch")
 RATIO_METRICS = ("speedup", "kv_movement_ratio")
-REGIMES = ("decode-b1", "decode-large-batch", "prefill", "eviction-ratio", "breakdown")
+REGIMES = ("decode-b1", "decode-large-batch", "prefill", "eviction-ratio", "breakdown", "capacity")
 COLUMNS = ("id", "paper", "where", "setting", "precision", "model", "device", "software", "dtype", "batch",
            "beam", "prompt", "gen", "policy", "cache_ratio", "metric", "baseline_policy",
            "baseline_cache_ratio", "baseline_batch", "value", "unit", "regime")

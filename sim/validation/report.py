@@ -26,6 +26,7 @@ REGIME_TITLES = {
     "prefill": "prefill (compute-bound)",
     "eviction-ratio": "eviction ratios (policy vs full)",
     "breakdown": "latency breakdown shares",
+    "capacity": "capacity (largest batch that fits)",
 }
 PLOT_NAME = "validation-parity.png"
 
@@ -33,14 +34,14 @@ PLOT_NAME = "validation-parity.png"
 def targets(points: pd.DataFrame, threshold: float) -> list[dict]:
     """The issue's targets, evaluated on the points that exist (a target with no points says so)."""
     out = []
-    cpu = points[(points["kind"] == "measured") & points["source"].str.startswith("cpu/")]
+    cpu = points[(points["kind"] == "measured") & (points["origin"] == "cpu")]
     cpu_decode = cpu[cpu["metric"] == "step_latency_s"]
     out.append(dict(target="CPU decode-step latency, MAPE <= 10% (on the way to 5%)", limit=10.0,
                     points=len(cpu_decode), value=_mape(cpu_decode), kind="MAPE"))
     speedups = points[(points["kind"] == "reference") & (points["metric"] == "speedup")]
     out.append(dict(target="paper speedup ratios (Table 1 / Figure 9) within 10% under hf-eager", limit=10.0,
                     points=len(speedups), value=_max(speedups), kind="max |error|"))
-    others = points[(points["kind"] == "measured") & ~points["source"].str.startswith("cpu/")]
+    others = points[(points["kind"] == "measured") & (points["origin"] != "cpu")]
     if len(others):
         gpu_decode = others[others["metric"] == "step_latency_s"]
         out.append(dict(target="measured GPU decode-step latency, MAPE <= 10%", limit=10.0,
@@ -63,6 +64,7 @@ def _max(df: pd.DataFrame) -> float:
 # ---- plot --------------------------------------------------------------------------------------------
 
 PANELS = (("time (s)", ("step_latency_s", "prefill_s")), ("throughput (tokens/s)", ("tokens_per_s",)),
+          ("capacity (requests)", ("max_batch",)),
           ("ratios and shares", ("speedup", "kv_movement_ratio", "kv_time_share", "latency_ratio")))
 MARKERS = "o^sDvP*XhpH<>d8"
 
@@ -203,6 +205,7 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
     else:
         out += ["None.", ""]
     out += ["## Error by regime", "", _stats_table(overall, REGIME_TITLES), "",
+            "## Error by origin and regime", "", _stats_table(stats(points, ["origin", "regime"])), "",
             "## Error by source", "", _stats_table(stats(points, "source")), "",
             f"## Parity plot", "", f"![predicted vs measured]({plot_name})", "",
             "One marker per source, log axes, the black line is y = x and the grey band "
@@ -273,7 +276,7 @@ def _provenance_section(sources: list, refs: pd.DataFrame, hw_notes: list[str]) 
                 f"{m.get('grid_settings', {}).get('repeats')} repeats after {m.get('grid_settings', {}).get('warmup')} "
                 f"warm-up steps, median; load average (1 min) during the points "
                 f"{_fmt(load.min()) if len(load) else 'n/a'}-{_fmt(load.max()) if len(load) else 'n/a'}{disturbed}; "
-                f"predicted on `{s.hw}` with `{s.profile}`.")
+                f"predicted on `{m.get('hw_device')}` with `{s.profile}`.")
         out += [""]
     return out
 

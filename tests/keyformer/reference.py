@@ -57,13 +57,20 @@ def masked_reference_logits(model, input_ids, tokens, kept_by_step, group: int):
     prompt_len = input_ids.shape[1]
     modules = _attention_modules(model)
     is_mpt = model.config.model_type == "mpt"
+    # Attention written by hand (MPT; GPT-J up to transformers 5.17): add the mask through the module's
+    # own attention_mask argument (boolean for MPT, additive for GPT-J).
+    by_hand = is_mpt or hasattr(type(modules[0]), "_attn")
     hooks = []
     previous = model.config._attn_implementation
-    if is_mpt:  # MPT's attention bypasses the interface: add the mask through its boolean attention_mask
+    if by_hand:
         def hook(module, args, kwargs):
             extra = EXTRA_MASKS.get(module.layer_idx)
             if extra is not None:
-                kwargs["attention_mask"] = kwargs["attention_mask"] | (extra < 0)
+                mask = kwargs.get("attention_mask")
+                if is_mpt:
+                    kwargs["attention_mask"] = mask | (extra < 0)
+                else:
+                    kwargs["attention_mask"] = extra if mask is None else mask + extra
             return args, kwargs
         hooks = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules.values()]
     else:
@@ -90,5 +97,5 @@ def masked_reference_logits(model, input_ids, tokens, kept_by_step, group: int):
         EXTRA_MASKS.clear()
         for h in hooks:
             h.remove()
-        if not is_mpt:
+        if not by_hand:
             model.set_attn_implementation(previous)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from keyformer import make_policy
+from keyformer import compat, make_policy
 from keyformer.generate import decode_n_tokens, decode_one_token, prefill, synthetic_state
 from tests.keyformer.reference import masked_reference_logits, stock_logits
 from tests.keyformer.tiny_models import VOCAB, build
@@ -263,10 +263,16 @@ def test_unsupported_configurations_are_refused():
         with make_policy("h2o").apply(mistral):
             pass
     model = build("llama_gqa")
+    from transformers.cache_utils import StaticCache
+    with pytest.raises(ValueError, match="StaticCache is not supported"):
+        with make_policy("h2o").apply(model):
+            model(input_ids=prompt(), use_cache=True, **{compat.cache_kwarg_name(model): StaticCache(
+                config=model.config, max_cache_len=64)})
     model.generation_config.cache_implementation = "static"
     with pytest.raises(ValueError, match="static"):
         with make_policy("h2o").apply(model):
             pass
+    assert model.config._attn_implementation == "eager"  # restored after the refusal
 
 
 def test_make_policy_validates():

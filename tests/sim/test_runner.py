@@ -152,6 +152,9 @@ def test_failure_mid_sweep_keeps_finished_chunks_and_resume_computes_the_rest_on
 
 SWEEP_SCRIPT = textwrap.dedent("""
     import sys
+    from sim import runner
+    # Other work may edit the sources while this test runs; pin the code version both sides use.
+    runner.code_version = lambda *a: "pinned-for-test"
     from sim.runner import run_points, make_executor
     from tests.sim.test_runner import grid, toy_evaluate
     workers = int(sys.argv[2])
@@ -173,8 +176,14 @@ def _wait_for_lines(log: Path, count: int, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+@pytest.fixture
+def pinned_code_version(monkeypatch):
+    monkeypatch.setattr(runner, "code_version", lambda *a: "pinned-for-test")
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
-def test_killed_sweep_resumes_with_nothing_lost_and_nothing_computed_twice(toy_env, tmp_path, how):
+def test_killed_sweep_resumes_with_nothing_lost_and_nothing_computed_twice(toy_env, tmp_path, how,
+                                                                           pinned_code_version):
     cache = tmp_path / "cache"
     env = dict(os.environ, KVSIM_TOY_DELAY="0.05", PYTHONPATH=str(REPO))
     proc = _start_sweep(cache, 1, 600, 20, env)
@@ -194,7 +203,8 @@ def test_killed_sweep_resumes_with_nothing_lost_and_nothing_computed_twice(toy_e
     pd.testing.assert_frame_equal(resumed.table, toy_evaluate(grid(600)))
 
 
-def test_ctrl_c_stops_worker_processes_promptly_and_keeps_their_finished_chunks(toy_env, tmp_path):
+def test_ctrl_c_stops_worker_processes_promptly_and_keeps_their_finished_chunks(toy_env, tmp_path,
+                                                                                 pinned_code_version):
     cache = tmp_path / "cache"
     env = dict(os.environ, KVSIM_TOY_DELAY="0.1", PYTHONPATH=str(REPO))
     proc = _start_sweep(cache, 2, 2000, 10, env)

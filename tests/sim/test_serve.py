@@ -57,8 +57,8 @@ def test_throughput_saturates_at_the_analytic_max_batch_capacity(policy, ratio):
     assert loaded.busy_fraction > 0.97
 
 
-@pytest.mark.slow
 def test_keyformer_half_cache_doubles_the_batch_and_raises_throughput_mpt_4096_4096():
+    # ~9 s: the headline check, kept in the default run
     common = dict(qps=math.inf, requests=60, prompt=4096, gen=4096, **MPT)
     full = simulate(policy="full", admission="reserve", **common)
     kf = simulate(policy="keyformer", cache_ratio=0.5, admission="reserve", **common)
@@ -161,6 +161,11 @@ def test_trace_folder_drives_per_request_kv(tmp_path, capsys):
     assert traced.completed == 40
     assert traced.mean_kv_bytes == pytest.approx(0.75 * formula.mean_kv_bytes, rel=0.05)
     assert traced.tpot_s["mean"] < formula.tpot_s["mean"]
+    # a loaded Trace object works as well as its folder (a sweep loads it once)
+    import traces
+    loaded = simulate(trace=traces.load(folder), **kw)
+    assert loaded.to_row()["tpot_s_mean"] == traced.to_row()["tpot_s_mean"]
+    assert loaded.config["trace"] == str(folder)
     # the CLI takes the same folder; a ratio the trace lacks is a one-line error
     assert main(BASE + ["--policy", "h2o", "--cache-ratio", "0.5", "--requests", "5", "--prompt", "512",
                         "--gen", "16", "--trace", str(folder), "--json"]) == 0
