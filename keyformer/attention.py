@@ -237,6 +237,8 @@ def apply_policy(policy, model):
     if policy._applied_to is not None:
         raise ValueError("this policy is already applied to a model")
     check_supported(model)
+    if model.training:
+        raise ValueError("KV policies are for inference: call model.eval() first (attention dropout is not applied)")
     modules = attention_modules(model)
     patches = attention_patches(model)
     previous = model.config._attn_implementation
