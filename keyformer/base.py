@@ -10,6 +10,10 @@ Conventions (the paper's §3, shared/docs/keyformer-paper.md §1, and sim/kvlen.
   accumulated, and the lowest-priority token outside the recent window (the w newest, newcomer included)
   leaves, so every layer and head holds exactly k tokens again.
 - step numbering seen by observers: -1 = prefill, s >= 0 = decode step s.
+- positions: "original" (default; the paper's Table 3 winner) feeds every token its original position id
+  and, for MPT, gathers ALiBi at the kept tokens' original positions. "renumber" gives the incoming token
+  position k (the number of tokens held), StreamingLLM's query-side shift; cached keys keep the position
+  they were computed with (RoPE keys are not re-rotated), and MPT's ALiBi uses ranks among the held tokens.
 - GQA: scores of the query heads of one KV group are summed (`gqa_reduce="sum"`, the paper's own rule of
   summing over query rows extended to the group; "mean" ranks identically and is offered for clarity).
 """

@@ -4,6 +4,7 @@ and every decode step; τ rises linearly from tau_init to tau_end over the T gen
 score only ranks tokens: the model's output uses its ordinary softmax (attention.py)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -54,40 +55,45 @@ class KeyformerPolicy(Policy):
                              "make_policy or to generate()/decode_n_tokens")
         return self.tau_init + t * (self.tau_end - self.tau_init) / self.max_new_tokens
 
-    def _negative_noise(self, like: torch.Tensor) -> torch.Tensor | float:
-        """-zeta for the logits (subtracted: saves one negation per element on the hot path).
-
-        Decode steps draw the noise of all layers at once at the step's first layer (one generator call
-        per step instead of one per layer; the draws are the same i.i.d. numbers, in a fixed order)."""
-        if self.noise == "none":
-            return 0.0
-        if self.noise == "constant":
-            return -GUMBEL_MEAN
-        if self._generator is None or self._generator.device != like.device:
-            self._generator = torch.Generator(device=like.device).manual_seed(self.seed)
-        layer = self._active_layer
-        if like.shape[3] > 1:  # prompt: layer by layer (a pool would hold n_layers * n^2 values)
-            return self._draw(like.shape, like)
-        if self._pool_step != self.step or self._pool.shape[1:] != like.shape:
-            self._pool = self._draw((len(self.layers),) + tuple(like.shape), like)
-            self._pool_step = self.step
-        return self._pool[layer]
-
-    def _draw(self, shape, like: torch.Tensor) -> torch.Tensor:
-        if self.noise == "gaussian":
-            return torch.randn(shape, generator=self._generator, device=like.device,
-                               dtype=like.dtype).mul_(-GUMBEL_STD).sub_(GUMBEL_MEAN)
-        # Gumbel(0, 1) = -log(-log u). u = 0 (probability 2^-24) gives zeta = -inf: that token's noisy
-        # logit is -inf, i.e. an extreme but valid draw; it only zeroes its share of this step's score.
-        uniform = torch.rand(shape, generator=self._generator, device=like.device, dtype=like.dtype)
-        return uniform.log_().neg_().log_()
-
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         tau = self.temperature(self.step + 1)
-        noisy = logits - self._negative_noise(logits)
-        if tau != 1.0:
-            noisy = noisy.div_(tau)
-        return torch.softmax(noisy, dim=-1)
+        if self.noise == "none":
+            return torch.softmax(logits if tau == 1.0 else logits / tau, dim=-1)
+        # (x + zeta) / tau in one pass: zeta / tau comes precomputed with the noise.
+        return torch.softmax(torch.add(self._noise_over_tau(logits, tau), logits, alpha=1.0 / tau), dim=-1)
+
+    def _noise_over_tau(self, like: torch.Tensor, tau: float) -> torch.Tensor:
+        """zeta / tau shaped like the logits of the current layer.
+
+        Decode steps draw the noise of all layers at once at the step's first layer (one generator call and
+        one transform per step instead of per layer; the same i.i.d. draws in a fixed order). The prompt
+        draws layer by layer (a pool would hold n_layers * n^2 values)."""
+        if self._generator is None or self._generator.device != like.device:
+            self._generator = torch.Generator(device=like.device).manual_seed(self.seed)
+        if like.shape[3] > 1:
+            return self._draw(like.shape, like, tau)
+        if self._pool_step != self.step or self._pool.shape[1:] != like.shape:
+            self._pool = self._draw((len(self.layers),) + tuple(like.shape), like, tau)
+            self._pool_step = self.step
+        return self._pool[self._active_layer]
+
+    def _draw(self, shape, like: torch.Tensor, tau: float) -> torch.Tensor:
+        count = math.prod(shape)
+        if self.noise == "constant":
+            return torch.full(shape, GUMBEL_MEAN / tau, device=like.device, dtype=like.dtype)
+        if self.noise == "gaussian":
+            noise = torch.randn(count, generator=self._generator, device=like.device, dtype=like.dtype)
+            return noise.mul_(GUMBEL_STD / tau).add_(GUMBEL_MEAN / tau).view(shape)
+        # Gumbel(0, 1) = -log(-log u). u = 0 (probability 2^-24) gives zeta = -inf: that token's noisy
+        # logit is -inf, an extreme but valid draw that only zeroes its share of this step's score.
+        return self._uniform(count, like).log_().neg_().log_().mul_(-1.0 / tau).view(shape)
+
+    def _uniform(self, count: int, like: torch.Tensor) -> torch.Tensor:
+        """U[0, 1) with 24 random bits, like torch.rand's float32, at about half its cost on CPU: every 64-bit
+        draw of the generator (uniform on [0, 2^63)) gives two 32-bit halves, each with >= 24 random low bits."""
+        bits = torch.empty((count + 1) // 2, dtype=torch.int64, device=like.device).random_(generator=self._generator)
+        halves = bits.view(torch.int32)[:count]
+        return (halves & 0xFFFFFF).to(like.dtype).mul_(2.0 ** -24)
 
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
         return scores

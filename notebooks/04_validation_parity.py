@@ -16,10 +16,10 @@
 #
 # Every validation point pairs a measurement (a published number from `sim/references/*.csv`, or a
 # step time this project measured with `python -m traces.timing`, bundled under `traces/data/`) with
-# the simulator's prediction for the same configuration. The points come from the validation report
-# written by `python -m sim.validate` (`points.csv`; the file named by `KVSIM_VALIDATION_POINTS`, else
-# the report's default locations); without one, this notebook collects them here with
-# `sim.validation.points.collect`, the same code the report runs.
+# the simulator's prediction for the same configuration. The points are read from a points table of
+# `python -m sim.validate` when one exists (the file named by `KVSIM_VALIDATION_POINTS`, else
+# `docs/validation-points.csv`); otherwise this notebook collects them here with
+# `sim.validation.points.collect`, the same code the report (`docs/validation-report.md`) runs.
 #
 # A perfect simulator puts every point on the diagonal. The shaded band is +-20%.
 
@@ -49,7 +49,7 @@ def find_points_file() -> Path | None:
         if not path.exists():
             raise FileNotFoundError(f"KVSIM_VALIDATION_POINTS: {path} not found")
         return path
-    candidates = [REPO / "docs" / "validation" / "points.csv", REPO / "docs" / "validation_points.csv",
+    candidates = [REPO / "docs" / "validation-points.csv", REPO / "docs" / "validation" / "points.csv",
                   *sorted((REPO / "results").glob("validat*/points.csv"), key=lambda p: p.stat().st_mtime,
                           reverse=True)]
     return next((p for p in candidates if p.exists()), None)
@@ -75,16 +75,17 @@ points["error_pct"] = 100 * (points["predicted"] / points["measured"] - 1)
 # %% [markdown]
 # ## Parity plot
 #
-# One panel per unit (times, throughputs, ratios): the units differ by orders of magnitude, and a
+# One panel per kind of unit (times, throughputs, ratios, capacities): the units differ by orders of magnitude, and a
 # ratio near 1 would vanish next to a time of 10^-4 s. Colour = regime (batch-1 decode, large-batch
 # decode, prefill, eviction ratios, ...), marker = where the measurement comes from.
 
 # %%
+unit = points["unit"].astype(str)
 points["panel"] = np.select(
-    [points["unit"].astype(str).str.contains("token", case=False),
-     points["unit"].astype(str).str.fullmatch(r"s|ms|seconds?", case=False)],
-    ["throughput", "time"], default="ratio")
-panels = [p for p in ("time", "throughput", "ratio") if p in set(points["panel"])]
+    [unit.str.contains("token", case=False), unit.str.fullmatch(r"s|ms|seconds?", case=False),
+     unit.str.contains("request|batch|sequence", case=False)],
+    ["throughput", "time", "capacity"], default="ratio")
+panels = [p for p in ("time", "throughput", "ratio", "capacity") if p in set(points["panel"])]
 regimes = sorted(points["regime"].astype(str).unique())
 colors = dict(zip(regimes, plt.cm.tab10.colors))
 markers = {"reference": "*", "measured": "o"}

@@ -421,8 +421,6 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
-
 @dataclass
 class Phase:
     """One group of points run through sim.runner, and what came out."""
@@ -458,8 +456,8 @@ def trace_phase(config: GridConfig, options: RunOptions, executor):
                              gens=options.trace_gens, batches=options.trace_batches)
     if options.engine == "des":   # the serving simulator times base policies only (no noise variants)
         grid = grid[grid["policy_label"] == grid["policy"]].reset_index(drop=True)
-    quality = pd.concat([tradeoff.measured_quality(traced.load_trace(str(d)), traced.trace_label(d)) for d in dirs],
-                        ignore_index=True)
+    quality = pd.concat([tradeoff.measured_quality(traced.load_trace(str(d), tradeoff.trace_identity(d)),
+                                                   traced.trace_label(d)) for d in dirs], ignore_index=True)
     evaluate_fn = evaluate_des if options.engine == "des" else traced.evaluate
     return run_phase("trace-driven points", grid, evaluate_fn, options, executor), quality
 

@@ -14,6 +14,7 @@ can spread it over processes or a Dask cluster; each worker loads a trace once).
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,18 +31,23 @@ TRACE_MODEL_PREFIX = "trace:"    # model cell for a trace's own model that is no
 
 
 def bundled_traces() -> list[Path]:
-    """Bundled trace folders (traces/data/**), only real traces (timing folders share the layout)."""
+    """Bundled trace folders (traces/data/**), only real traces (timing folders share the layout).
+
+    os.walk, not Path.glob: it skips entries that vanish while it looks (a capture writing its
+    temporary shards next door) instead of failing."""
     import traces
+    root = Path(traces.__file__).resolve().parent / "data"
     found = []
-    for name in traces.bundled():
-        path = traces.bundled(name)
+    for folder, _, files in os.walk(root):
+        if "manifest.json" not in files:
+            continue
         try:
-            kind = json.loads((path / "manifest.json").read_text()).get("kind")
-        except (OSError, ValueError):
+            kind = json.loads((Path(folder) / "manifest.json").read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
             continue
         if kind == "kvsim-trace":
-            found.append(path)
-    return found
+            found.append(Path(folder))
+    return sorted(found)
 
 
 def trace_label(path) -> str:
@@ -55,7 +61,9 @@ def trace_label(path) -> str:
 
 
 @lru_cache(maxsize=32)
-def load_trace(path: str):
+def load_trace(path: str, identity: str | None = None):
+    """traces.load, once per process and trace content (`identity` = trace_identity: a trace
+    recaptured in place is reloaded, not served stale from this cache)."""
     import traces
     return traces.load(path)
 
@@ -91,7 +99,8 @@ def trace_model(trace) -> tuple[str, object]:
 
 def resolve_model(cell: str):
     if cell.startswith(TRACE_MODEL_PREFIX):
-        return trace_model(load_trace(cell[len(TRACE_MODEL_PREFIX):]))[1]
+        path = cell[len(TRACE_MODEL_PREFIX):]
+        return trace_model(load_trace(path, trace_identity(path)))[1]
     return load_model(cell)
 
 
@@ -113,7 +122,8 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
     frames = []
     for trace_dir in trace_dirs:
         trace_dir = Path(trace_dir)
-        trace = load_trace(str(trace_dir.resolve()))
+        identity = trace_identity(trace_dir)
+        trace = load_trace(str(trace_dir.resolve()), identity)
         own_model, own_spec = trace_model(trace)
         own_prompt, own_gen = own_lengths(trace)
         targets = [(own_model, own_spec) if m == OWN else (m, load_model(m)) for m in models]
@@ -132,7 +142,7 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
         frame["model_hash"] = frame["model"].map({c: sweep._model_hash(s) for c, s in targets})
         frame["trace"] = trace_label(trace_dir)
         frame["trace_path"] = str(trace_dir.resolve())
-        frame["trace_hash"] = trace_identity(trace_dir)
+        frame["trace_hash"] = identity
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=sweep.INPUT_COLUMNS + ["policy_label", "hw_hash", "model_hash", "trace",
@@ -140,28 +150,35 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
     return pd.concat(frames, ignore_index=True)
 
 
+@lru_cache(maxsize=4096)
+def kv_override(trace_path: str, identity: str, label: str, cache_ratio: float, prompt: int, gen: int,
+                n_layers: int) -> np.ndarray:
+    """The trace's kept tokens per step and layer for one target (cached: every device and batch of
+    the same trace x policy x ratio x lengths x depth reuses it, across the chunks of a process)."""
+    override = load_trace(trace_path, identity).kv_override(label, cache_ratio, prompt=prompt, gen=gen,
+                                                            n_layers=n_layers)
+    override.setflags(write=False)
+    return override
+
+
 def evaluate(points: pd.DataFrame) -> pd.DataFrame:
     """Outputs (sim.sweep.OUTPUT_COLUMNS) for trace-driven points, one row per input row, same order.
 
-    The engine takes one kv_override per call; it is computed once per trace x policy x ratio x
-    lengths x model depth and reused across devices, batches, dtypes and profiles."""
+    The engine takes one kv_override per call (see `kv_override` for its reuse)."""
     from hwmodels import load_device
     from sim import sweep
     points = points.reset_index(drop=True)
     results = []
-    devices, specs, overrides = {}, {}, {}
+    devices, specs = {}, {}
     for row in points.itertuples(index=False):
         hw = devices.get(row.hw) or devices.setdefault(row.hw, load_device(row.hw))
         spec = specs.get(row.model) or specs.setdefault(row.model, resolve_model(row.model))
-        key = (row.trace_path, row.policy_label, float(row.cache_ratio), int(row.prompt), int(row.gen), spec.n_layers)
-        if key not in overrides:
-            trace = load_trace(row.trace_path)
-            overrides[key] = trace.kv_override(row.policy_label, float(row.cache_ratio), prompt=int(row.prompt),
-                                               gen=int(row.gen), n_layers=spec.n_layers)
+        override = kv_override(row.trace_path, row.trace_hash, row.policy_label, float(row.cache_ratio),
+                               int(row.prompt), int(row.gen), spec.n_layers)
         r = engine.evaluate(hw, spec, row.policy, batch=row.batch, prompt=row.prompt, gen=row.gen,
                             cache_ratio=row.cache_ratio, recent_ratio=row.recent_ratio, beams=row.beams,
                             kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype, profile=row.profile,
-                            kv_override=overrides[key])
+                            kv_override=override)
         out = {c: np.asarray(r[c]).ravel()[0] for c in sweep.OUTPUT_COLUMNS if c in r}
         out["weight_bytes"] = spec.weight_bytes(row.weight_dtype)
         out["device_memory_bytes"] = float(hw.memory_bytes)

@@ -19,7 +19,7 @@ RATIO_DECIMALS = 4   # cache ratios are matched after rounding (float32 in trace
 QUALITY_PREFERENCE = ("rouge2", "rougeL", "rouge1", "self_rougeL", "self_rouge2", "top1_agreement",
                       "mass_retained")
 # Columns of quality.csv that describe a row rather than measure something.
-_ID_COLUMNS = {"policy", "cache_ratio", "sample", "trace", "model", "dataset", "n", "samples", "seed",
+_ID_COLUMNS = {"policy", "cache_ratio", "sample", "trace", "model", "dataset", "n", "samples", "n_samples", "seed",
                "prompt_len", "recent_ratio"}
 
 
@@ -49,8 +49,8 @@ def measured_quality(trace, trace_name: str | None = None) -> pd.DataFrame:
     summary["cache_ratio"] = summary["cache_ratio"].astype(float).round(RATIO_DECIMALS)
     quality = trace.quality
     if quality is not None and not quality.empty and {"policy", "cache_ratio"} <= set(quality.columns):
-        metrics = [c for c in quality.columns
-                   if c not in _ID_COLUMNS and pd.api.types.is_numeric_dtype(quality[c])]
+        metrics = [c for c in quality.columns if c not in _ID_COLUMNS and not pd.api.types.is_bool_dtype(quality[c])
+                   and pd.api.types.is_numeric_dtype(quality[c])]
         q = quality.assign(cache_ratio=quality["cache_ratio"].astype(float).round(RATIO_DECIMALS))
         q = q.groupby(["policy", "cache_ratio"], as_index=False)[metrics].mean()
         summary = summary.merge(q.drop(columns=[c for c in q.columns if c in summary.columns

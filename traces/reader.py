@@ -115,13 +115,18 @@ class Trace:
     def model(self) -> dict:
         return self.manifest["model"]
 
+    @cached_property
+    def _groups(self) -> dict:
+        """(policy, cache_ratio rounded to 1e-4) -> row indices of kv (computed once)."""
+        return self.kv.groupby([self.kv["policy"], self.kv["cache_ratio"].astype(float).round(4)]).indices
+
     @property
     def policies(self) -> list[str]:
-        return sorted(self.kv["policy"].unique())
+        return sorted({policy for policy, _ in self._groups})
 
     def cache_ratios(self, policy: str) -> list[float]:
         self._check_policy(policy)
-        return sorted(float(r) for r in self.kv.loc[self.kv["policy"] == policy, "cache_ratio"].unique())
+        return sorted(float(r) for p, r in self._groups if p == policy)
 
     @property
     def samples(self) -> list[str]:
@@ -181,10 +186,9 @@ class Trace:
         the fullest head (what a kernel padded to the longest head pays). The mapping is documented in
         docs/traces.md ("Mapping a trace onto another model").
         """
-        per_sample, _ = self.kv_override_per_sample(policy, cache_ratio, prompt, gen, n_layers, heads=heads)
+        per_sample, ids = self.kv_override_per_sample(policy, cache_ratio, prompt, gen, n_layers, heads=heads)
         if sample is None:
             return per_sample.mean(axis=0)
-        ids = self._sample_ids(policy, cache_ratio)
         if str(sample) not in ids:
             raise ValueError(f"sample {sample!r} not in trace {self.path} (have {', '.join(ids[:5])}...)")
         return per_sample[ids.index(str(sample))]
@@ -199,16 +203,22 @@ class Trace:
             raise ValueError(f"need prompt >= 1, gen >= 0, n_layers >= 1 (got {prompt}, {gen}, {n_layers})")
         if heads not in ("mean", "max"):
             raise ValueError(f"heads must be 'mean' or 'max', not {heads!r}")
-        ids = self._sample_ids(policy, cache_ratio)
-        out = np.empty((len(ids), gen + 1, n_layers))
-        for i, sid in enumerate(ids):
-            prompt_frac, gen_frac, cap_frac = self._series(policy, cache_ratio, sid, heads)
-            out[i] = _map_onto_target(prompt_frac, gen_frac, cap_frac, prompt, gen, n_layers)
-        return out, ids
+        series = self._series(policy, cache_ratio, heads)
+        budget = max(1, int(np.floor(series.ratio * prompt + 1e-9)))
+        out = _map_onto_target(series, prompt, gen, n_layers, budget)
+        return out, list(series.samples)
+
+    def _series(self, policy: str, cache_ratio: float, heads: str) -> "_Series":
+        """Per sample, step row and trace layer: the fractions the mapping needs (cached)."""
+        ratio = self._resolve_ratio(policy, cache_ratio)
+        key = (policy, ratio, heads)
+        if key not in self._series_cache:
+            self._series_cache[key] = _Series.build(self._rows(policy, ratio), ratio, heads, self.path)
+        return self._series_cache[key]
 
     # ---- helpers -------------------------------------------------------------------------------
     def _check_policy(self, policy: str) -> None:
-        if policy not in set(self.kv["policy"].unique()):
+        if policy not in self.policies:
             raise ValueError(f"policy {policy!r} not in trace {self.path} (have {', '.join(self.policies)})")
 
     def _resolve_ratio(self, policy: str, cache_ratio: float) -> float:
@@ -223,68 +233,79 @@ class Trace:
 
     def _rows(self, policy: str, cache_ratio: float) -> pd.DataFrame:
         ratio = self._resolve_ratio(policy, cache_ratio)
-        kv = self.kv
-        return kv[(kv["policy"] == policy) & np.isclose(kv["cache_ratio"], ratio)]
-
-    def _sample_ids(self, policy: str, cache_ratio: float) -> list[str]:
-        return list(dict.fromkeys(self._rows(policy, cache_ratio)["sample"]))
-
-    def _series(self, policy: str, cache_ratio: float, sample: str, heads: str):
-        """Per (step row, trace layer): kept prompt fraction, kept generated fraction, budget cap."""
-        key = (policy, self._resolve_ratio(policy, cache_ratio), sample, heads)
-        if key in self._series_cache:
-            return self._series_cache[key]
-        rows = self._rows(policy, cache_ratio)
-        rows = rows[rows["sample"] == sample]
-        if heads == "mean":
-            per_layer = rows.groupby(["step", "layer"])[["kv_len", "kept_prompt"]].mean()
-        else:  # the fullest head of each layer, with that head's own prompt/generated split
-            fullest = rows.loc[rows.groupby(["step", "layer"])["kv_len"].idxmax()]
-            per_layer = fullest.set_index(["step", "layer"])[["kv_len", "kept_prompt"]].astype(float)
-        kv_len = per_layer["kv_len"].unstack("layer").sort_index().to_numpy(float)
-        kept_prompt = per_layer["kept_prompt"].unstack("layer").sort_index().to_numpy(float)
-        n = float(rows["prompt_len"].iloc[0])
-        steps = np.sort(rows["step"].unique()).astype(float)
-        generated = (steps + 1)[:, None]  # generated tokens that exist in the context after step s
-        prompt_frac = kept_prompt / n
-        with np.errstate(invalid="ignore", divide="ignore"):
-            gen_frac = np.where(generated > 0, (kv_len - kept_prompt) / generated, 1.0)
-        # Where the head holds fewer tokens than exist, the policy is evicting: its total is a budget,
-        # which scales with the prompt length (cache_ratio x prompt). Elsewhere the cache grows freely.
-        evicting = kv_len < n + generated - 0.5
-        cap_frac = np.where(evicting, kv_len / n, np.inf)
-        result = (prompt_frac, gen_frac, cap_frac)
-        self._series_cache[key] = result
-        return result
+        return self.kv.iloc[self._groups[(policy, round(ratio, 4))]]
 
 
-def _interp_rows(values: np.ndarray, n_rows: int) -> np.ndarray:
-    """Resample axis 0 (trace steps) to n_rows by relative position, linearly (inf stays inf)."""
+def _interp_axis(values: np.ndarray, n_out: int, axis: int) -> np.ndarray:
+    """Resample one axis to n_out points by relative position (first to first, last to last), linearly."""
+    values = np.moveaxis(values, axis, 0)
     src = values.shape[0]
     if src == 1:
-        return np.repeat(values, n_rows, axis=0)
-    x = np.linspace(0.0, src - 1, n_rows)
-    lo = np.floor(x).astype(int)
-    hi = np.minimum(lo + 1, src - 1)
-    w = (x - lo)[:, None]
-    a, b = values[lo], values[hi]
-    with np.errstate(invalid="ignore"):
-        out = a * (1 - w) + b * w
-    both_finite = np.isfinite(a) & np.isfinite(b)
-    # A budget that is on at one neighbour and off at the other: take the nearer neighbour.
-    return np.where(both_finite, out, np.where(w < 0.5, a, b))
+        out = np.repeat(values, n_out, axis=0)
+    else:
+        x = np.linspace(0.0, src - 1, n_out)
+        lo = np.floor(x).astype(int)
+        hi = np.minimum(lo + 1, src - 1)
+        w = (x - lo).reshape((-1,) + (1,) * (values.ndim - 1))
+        out = values[lo] * (1 - w) + values[hi] * w
+    return np.moveaxis(out, 0, axis)
 
 
-def _interp_layers(values: np.ndarray, n_layers: int) -> np.ndarray:
-    return _interp_rows(values.T, n_layers).T
+@dataclass
+class _Series:
+    """Dense per-sample arrays of one policy x ratio, shape (samples, step rows, trace layers)."""
+    samples: list
+    ratio: float
+    prompt_frac: np.ndarray  # kept prompt tokens / n
+    gen_frac: np.ndarray  # kept generated tokens / generated tokens existing (1 when none exist yet)
+    evicting: np.ndarray  # bool: the head holds fewer tokens than exist
+    budget_factor: np.ndarray  # kv_len / the nominal budget max(1, floor(ratio * n))
+
+    @classmethod
+    def build(cls, rows: pd.DataFrame, ratio: float, heads: str, path) -> "_Series":
+        samples = list(dict.fromkeys(rows["sample"]))
+        steps = np.sort(rows["step"].unique())
+        layers = np.sort(rows["layer"].unique())
+        sample_index = {s: i for i, s in enumerate(samples)}
+        shape = (len(samples), len(steps), len(layers))
+        s_idx = rows["sample"].map(sample_index).to_numpy()
+        t_idx = np.searchsorted(steps, rows["step"].to_numpy())
+        l_idx = np.searchsorted(layers, rows["layer"].to_numpy())
+        flat = np.ravel_multi_index((s_idx, t_idx, l_idx), shape)
+        kv_len = rows["kv_len"].to_numpy(float)
+        kept_prompt = rows["kept_prompt"].to_numpy(float)
+        counts = np.bincount(flat, minlength=np.prod(shape))
+        if (counts == 0).any():
+            raise TraceError(f"{path / schema.KV}: incomplete (some sample x step x layer has no rows)")
+        if heads == "mean":
+            held = np.bincount(flat, kv_len, minlength=counts.size) / counts
+            prompt_held = np.bincount(flat, kept_prompt, minlength=counts.size) / counts
+        else:  # the fullest head of each layer, with that head's own prompt/generated split
+            order = np.lexsort((kv_len, flat))  # by cell, then by length: the last of each cell is the max
+            last = np.r_[flat[order][1:] != flat[order][:-1], True]
+            held = np.empty(counts.size)
+            prompt_held = np.empty(counts.size)
+            held[flat[order][last]] = kv_len[order][last]
+            prompt_held[flat[order][last]] = kept_prompt[order][last]
+        held, prompt_held = held.reshape(shape), prompt_held.reshape(shape)
+        n = rows.groupby("sample")["prompt_len"].first().reindex(samples).to_numpy(float)[:, None, None]
+        generated = (steps + 1).astype(float)[None, :, None]  # generated tokens existing after step s
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gen_frac = np.where(generated > 0, (held - prompt_held) / generated, 1.0)
+        budget = np.maximum(1.0, np.floor(ratio * n + 1e-9))
+        return cls(samples, ratio, prompt_held / n, gen_frac, held < n + generated - 0.5, held / budget)
 
 
-def _map_onto_target(prompt_frac, gen_frac, cap_frac, prompt: int, gen: int, n_layers: int) -> np.ndarray:
+def _map_onto_target(series: _Series, prompt: int, gen: int, n_layers: int, budget: int) -> np.ndarray:
+    """Evicting rows hold the target's own budget times the trace's deviation from its budget (1.0 for
+    the exact-budget policies); growing rows keep the trace's kept prompt and generated fractions."""
     rows = gen + 1
-    pf = _interp_layers(_interp_rows(prompt_frac, rows), n_layers)
-    gf = _interp_layers(_interp_rows(gen_frac, rows), n_layers)
-    cap = _interp_layers(_interp_rows(cap_frac, rows), n_layers)
-    generated = np.arange(rows, dtype=float)[:, None]  # row r reads the cache after r generated tokens
-    tokens = pf * prompt + gf * generated
-    tokens = np.minimum(tokens, cap * prompt)
-    return np.clip(tokens, 1.0, prompt + generated)
+
+    def resample(values):  # (samples, steps, layers) -> (samples, rows, n_layers), by relative position
+        return _interp_axis(_interp_axis(values, rows, axis=1), n_layers, axis=2)
+
+    generated = np.arange(rows, dtype=float)[None, :, None]  # row r reads the cache after r generated tokens
+    growing = resample(series.prompt_frac) * prompt + resample(series.gen_frac) * generated
+    evicting = resample(series.evicting.astype(float)) >= 0.5
+    held = np.where(evicting, resample(series.budget_factor) * budget, growing)
+    return np.clip(held, 1.0, prompt + generated)

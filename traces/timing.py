@@ -380,7 +380,7 @@ def environment(grid: TimingGrid) -> dict:
 
 
 def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_device: str, fresh: bool,
-                  progress) -> Path:
+                  progress, priority: str = "default") -> Path:
     """Measure every missing point of `grid` for one model into `out/name`; returns the folder."""
     import torch
 
@@ -404,7 +404,7 @@ def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_devic
         "grid_settings": grid.settings(),
         "grid": {"batches": list(grid.batches), "contexts": list(grid.contexts),
                  "policies": [p.label() for p in grid.policies], "prefill_contexts": list(grid.prefill_contexts)},
-        "env": environment(grid),
+        "env": environment(grid) | {"scheduling": priority},
         "clock": "median_s etc.: time.perf_counter wall clock (synchronised on CUDA); cpu_median_s: "
                  "time.thread_time of the calling thread",
         "what": "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
@@ -471,7 +471,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu)")
     p.add_argument("--fresh", action="store_true", help="discard finished points instead of resuming")
+    p.add_argument("--high-priority", action="store_true",
+                   help="autogroup nice -20 and nice -20 (Linux, root); with `setsid` in front, on a shared "
+                        "machine one thread then keeps a core to itself")
     return p
+
+
+def raise_priority() -> str:
+    """Raise this process's scheduling share: autogroup nice -20 and nice -20 (Linux, root or CAP_SYS_NICE).
+
+    On a shared machine with autogroup scheduling, `nice` alone only orders processes inside one session;
+    the session's autogroup nice sets its share against every other session (start the command with
+    `setsid` to give it a session of its own; Ctrl-C then no longer reaches it: stop it with `kill`).
+    With one torch thread the measurement then keeps one core to itself (the other processes keep the
+    rest), which `cpu_median_s` ~= `median_s` confirms. Returns what was achieved, for the manifest."""
+    done = []
+    try:
+        Path("/proc/self/autogroup").write_text("-20")
+        done.append("autogroup nice -20")
+    except OSError:
+        pass
+    try:
+        os.nice(-20 - os.nice(0))
+        done.append("nice -20")
+    except OSError:
+        pass
+    return ", ".join(done) or "unchanged (not permitted)"
 
 
 def _interrupt_on_term(signum, frame):
@@ -506,13 +531,14 @@ def _main(argv: list[str] | None) -> int:
             import torch
             if not torch.cuda.is_available():
                 raise TimingError(f"--device {args.device}: no CUDA device here")
+        priority = raise_priority() if args.high_priority else "default"
         for name, _ in models:   # refuse to mix settings before any bar or measurement starts
             TimingFolder.open(Path(out) / name, grid.settings(), args.fresh)
         from tqdm import tqdm
         total = len(models) * (len(grid.decode_points()) + len(grid.prefill_points()))
         with tqdm(total=total, desc="timing", unit="pt", file=sys.stderr, dynamic_ncols=True) as progress:
             for name, config in models:
-                folder = measure_model(name, config, grid, Path(out), hw_device, args.fresh, progress)
+                folder = measure_model(name, config, grid, Path(out), hw_device, args.fresh, progress, priority)
                 progress.write(f"{name}: {folder}")
     except (TimingError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy
+
 from ..cli import OneLineParser, fail
 from ..errors import HardwareFileError
 from ..units import format_quantity
@@ -94,6 +96,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     omp = prepare_openmp()
     started = time.perf_counter()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load_before = hostinfo.load_average()
     torch = import_torch(args.device)
     from tqdm import tqdm
@@ -125,13 +128,13 @@ def main(argv=None) -> int:
     result = fit(series, plan.primary_dtype)
     prov = Provenance(
         device=args.device, mode=plan.mode, host=socket.gethostname(),
-        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        date=date,
         omp_wait_policy=omp, torch_version=str(torch.__version__), threads=torch.get_num_threads(),
         repeats=plan.repeats, timer=make_timer(args.device).name,
         wall_time_s=time.perf_counter() - started, load_before=load_before,
         load_after=hostinfo.load_average(), llc_bytes=facts["llc_bytes"], pool_bytes=plan.pool_bytes,
         settings=facts["settings"], python_version=platform.python_version(),
-        numpy_version=__import__("numpy").__version__)
+        numpy_version=numpy.__version__)
     doc = build_document(args.name, facts["description"], facts["memory_bytes"], facts["memory_how"],
                          result, series, prov, plan.primary_dtype)
     try:

@@ -284,3 +284,15 @@ def test_make_policy_validates():
         make_policy("keyformer", cache_ratio=1.5)
     with pytest.raises(ValueError, match="noise"):
         make_policy("keyformer", noise="uniform")
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "gaussian", "constant"])
+def test_noise_has_the_ablation_moments(noise):
+    """Gumbel(0, 1) and its moment-matched stand-ins (paper Table 4): mean 0.5772, std 1.2825 (0 for constant)."""
+    policy = make_policy("keyformer", noise=noise)
+    policy._generator = torch.Generator().manual_seed(0)
+    zeta = policy._draw((400_000,), torch.zeros(1), tau=1.0)
+    assert abs(zeta.mean().item() - 0.5772) < 0.01
+    assert abs(zeta.std().item() - (0.0 if noise == "constant" else 1.2825)) < 0.01
+    if noise == "gumbel":  # the Gumbel tail: P(zeta > 3) = 1 - exp(-exp(-3)) = 0.0486
+        assert abs((zeta > 3).float().mean().item() - 0.0486) < 0.002

@@ -204,3 +204,20 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path):
     volatile = ["wall_s"]  # host seconds the simulation took: the only non-deterministic column
     pd.testing.assert_frame_equal(points_table(tmp_path / "b").drop(columns=volatile),
                                   points_table(tmp_path / "c").drop(columns=volatile))
+
+
+@pytest.mark.slow
+def test_benchmark_reports_points_per_second_for_every_mode(tmp_path):
+    pytest.importorskip("distributed")
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "benchmarks/sweep_bench.py", "--points", "20000", "--cache-points", "5000",
+                           "--no-progress", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    import json
+    report = json.loads(out.read_text())
+    assert report["grid_points"] == 20000
+    for mode in ("local", "processes", "dask"):
+        run_ = report["runs"][mode]
+        assert run_["computed"] == 20000 and run_["points_per_s"] > 0
+    assert report["runs"]["cache_warm"]["cached"] == 5000 and report["runs"]["cache_warm"]["computed"] == 0
+    assert "load_avg_before" in report["machine"]

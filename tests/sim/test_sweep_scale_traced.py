@@ -63,7 +63,6 @@ def test_traced_points_go_through_the_runner_and_a_recaptured_trace_is_recompute
     assert again.n_cached == len(grid) and again.n_computed == 0
     pd.testing.assert_frame_equal(first.table, again.table)
     write_fixture_trace(trace_dir, prompt=40, steps=6, samples=3)  # recaptured with one more sample
-    traced.load_trace.cache_clear()
     regrid = traced.trace_grid(config, [trace_dir])
     assert runner.run_points(regrid, traced.evaluate, key_columns=keys, cache_dir=tmp_path / "c",
                              progress=False).n_computed == len(regrid)
