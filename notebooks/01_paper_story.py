@@ -47,6 +47,7 @@ from hwmodels import load_device
 from sim import engine
 from sim.models import load_model
 from sim.tradeoff import save_figure
+from sim.validation.predict import request_kv_movement_s
 
 REPO = Path(sim.__file__).resolve().parents[1]
 FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
@@ -61,22 +62,14 @@ pd.set_option("display.precision", 3)
 # %% [markdown]
 # ## KV data-movement time
 #
-# For every operator of a step the engine reports KV bytes read and written. The *KV data-movement
-# time* of an operator is those bytes at the device's achievable bandwidth (peak x the
-# size-dependent efficiency of one layer's transfer), whether or not the operator is memory bound:
-# the time the KV traffic alone costs. Over a request it is the prefill's plus (gen - 1) mean decode
-# steps'.
+# For every operator of a step the engine reports the bytes it moves by kind (weights, activations,
+# KV read, KV written) and its modelled time. The *KV data-movement time* of an operator is its time
+# times the KV share of its bytes; cache copies (concatenation, beam reorder, compaction) are all
+# KV. Over a request it is the prefill's plus (gen - 1) mean decode steps'. This is the definition
+# the validation report uses (`sim.validation.predict.request_kv_movement_s`), so the numbers here
+# and there agree.
 
 # %%
-KV_COLUMNS = ["kv_read_bytes", "kv_write_bytes"]
-
-
-def kv_movement_s(ops: pd.DataFrame) -> float:
-    kv = ops[KV_COLUMNS].sum(axis=1).to_numpy()
-    per_layer = np.maximum(kv / MODEL.n_layers, 1.0)
-    return float((kv / (DEVICE.memory_bw * DEVICE.bw_efficiency(per_layer))).sum())
-
-
 def request_breakdown(p: engine.Prediction) -> dict:
     """Seconds per request: total, KV movement, attention arithmetic, eviction-policy overhead."""
     mean = p.decode_ops[p.decode_ops["step"] == "mean"]
@@ -90,7 +83,7 @@ def request_breakdown(p: engine.Prediction) -> dict:
 
     return {
         "e2e_s": p.e2e_s,
-        "kv_movement_s": kv_movement_s(p.prefill_ops) + steps * kv_movement_s(mean),
+        "kv_movement_s": request_kv_movement_s(p),
         "attention_s": op_time(p.prefill_ops, attention) + steps * op_time(mean, attention),
         "policy_overhead_s": op_time(p.prefill_ops, policy_ops) + steps * op_time(mean, policy_ops),
     }

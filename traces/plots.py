@@ -13,18 +13,18 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
 POLICY_STYLE = {
-    "full": dict(color="black"), "window": dict(color="tab:gray", marker="v"),
-    "streaming": dict(color="tab:orange", marker="s"), "h2o": dict(color="tab:blue", marker="o"),
-    "keyformer": dict(color="tab:red", marker="D"),
+    "full": {"color": "black"}, "window": {"color": "tab:gray", "marker": "v"},
+    "streaming": {"color": "tab:orange", "marker": "s"}, "h2o": {"color": "tab:blue", "marker": "o"},
+    "keyformer": {"color": "tab:red", "marker": "D"},
 }
 
 
 def _style(policy: str) -> dict:
-    return POLICY_STYLE.get(policy, dict(marker="x"))
+    return POLICY_STYLE.get(policy, {"marker": "x"})
 
 
 def _panels(quality: pd.DataFrame):

@@ -84,7 +84,7 @@ def _read_texts(folder: Path, expected_rows: int | None) -> pd.DataFrame:
     return frame
 
 
-def load(folder) -> "Trace":
+def load(folder) -> Trace:
     """Open a trace folder; TraceError with one line naming the file for anything wrong with it."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
@@ -208,7 +208,7 @@ class Trace:
         out = _map_onto_target(series, prompt, gen, n_layers, budget)
         return out, list(series.samples)
 
-    def _series(self, policy: str, cache_ratio: float, heads: str) -> "_Series":
+    def _series(self, policy: str, cache_ratio: float, heads: str) -> _Series:
         """Per sample, step row and trace layer: the fractions the mapping needs (cached)."""
         ratio = self._resolve_ratio(policy, cache_ratio)
         key = (policy, ratio, heads)
@@ -262,7 +262,7 @@ class _Series:
     budget_factor: np.ndarray  # kv_len / the nominal budget max(1, floor(ratio * n))
 
     @classmethod
-    def build(cls, rows: pd.DataFrame, ratio: float, heads: str, path) -> "_Series":
+    def build(cls, rows: pd.DataFrame, ratio: float, heads: str, path) -> _Series:
         samples = list(dict.fromkeys(rows["sample"]))
         steps = np.sort(rows["step"].unique())
         layers = np.sort(rows["layer"].unique())

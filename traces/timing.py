@@ -64,8 +64,8 @@ TORCH_DTYPES = ("fp32", "bf16", "fp16")
 # slots for growth and for the incoming token).
 KEY_COLUMNS = ("phase", "policy", "cache_ratio", "batch", "context")
 TIMING_COLUMNS = KEY_COLUMNS + (
-    "kv_tokens", "slots", "median_s", "p10_s", "p90_s", "mean_s", "min_s", "cpu_median_s", "repeats", "warmup",
-    "threads", "omp_wait_policy", "dtype", "load_1min", "measured_at")
+    "kv_tokens", "slots", "median_s", "p10_s", "p90_s", "mean_s", "min_s", "cpu_median_s", "peak_mem_bytes",
+    "repeats", "warmup", "threads", "omp_wait_policy", "dtype", "load_1min", "measured_at")
 
 
 class TimingError(ValueError):
@@ -201,11 +201,35 @@ def build_model(config: dict, dtype: str, device: str, seed: int):
     hf_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", dtype=torch_dtype)
-    return model.to(device).eval()
+    # Built directly on the device: a 7B model initialised on the CPU first would cost minutes.
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", dtype=torch_dtype)
+    return model.eval()
+
+
+def max_positions(config: dict) -> int | None:
+    """The model's position limit from its HF config (learned/rotary tables), None when it has none."""
+    for key in ("n_positions", "max_position_embeddings", "max_seq_len", "n_ctx"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
 
 
 # --- measurement -------------------------------------------------------------------------------------
+
+def _reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: str) -> int:
+    """Peak device memory allocated during the point (CUDA); -1 on the CPU, where torch does not track it."""
+    if device.startswith("cuda"):
+        import torch
+        return int(torch.cuda.max_memory_allocated(device))
+    return -1
+
 
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
@@ -243,6 +267,7 @@ def time_decode(model, point: PolicyPoint, batch: int, context: int, grid: Timin
     from keyformer.generate import decode_one_token, synthetic_state
 
     policy = make_project_policy(point)
+    _reset_peak(grid.device)
     # The state keeps the policy applied to the model until it is closed: close it before the next point.
     with torch.inference_mode(), synthetic_state(model, policy, batch, context, seed=grid.seed) as state:
         for _ in range(grid.warmup):
@@ -257,7 +282,8 @@ def time_decode(model, point: PolicyPoint, batch: int, context: int, grid: Timin
             cpu_times.append(time.thread_time() - cpu_started)
             held.append(_held_tokens(policy))
             slots.append(_attended_slots(state))
-    return _summary(times, cpu_times) | {"kv_tokens": float(np.mean(held)), "slots": int(np.max(slots))}
+    return _summary(times, cpu_times) | {"kv_tokens": float(np.mean(held)), "slots": int(np.max(slots)),
+                                         "peak_mem_bytes": _peak(grid.device)}
 
 
 def time_prefill(model, context: int, grid: TimingGrid) -> dict:
@@ -270,6 +296,7 @@ def time_prefill(model, context: int, grid: TimingGrid) -> dict:
     input_ids = torch.randint(0, vocab, (1, context), generator=generator).to(grid.device)
     attention_mask = torch.ones_like(input_ids)
     times, cpu_times = [], []
+    _reset_peak(grid.device)
     with torch.inference_mode():
         for i in range(grid.warmup + grid.repeats):
             policy = make_project_policy(PolicyPoint("full", 1.0))
@@ -281,7 +308,8 @@ def time_prefill(model, context: int, grid: TimingGrid) -> dict:
             if i >= grid.warmup:
                 times.append(elapsed)
                 cpu_times.append(cpu_elapsed)
-    return _summary(times, cpu_times) | {"kv_tokens": float(context), "slots": int(context)}
+    return _summary(times, cpu_times) | {"kv_tokens": float(context), "slots": int(context),
+                                         "peak_mem_bytes": _peak(grid.device)}
 
 
 def _summary(times: list[float], cpu_times: list[float]) -> dict:
@@ -532,6 +560,13 @@ def _main(argv: list[str] | None) -> int:
             if not torch.cuda.is_available():
                 raise TimingError(f"--device {args.device}: no CUDA device here")
         priority = raise_priority() if args.high_priority else "default"
+        longest = max(max(grid.contexts) + grid.warmup + grid.repeats + 1, max(grid.prefill_contexts, default=0))
+        for name, config in models:
+            limit = max_positions(config)
+            if limit is not None and longest > limit:
+                raise TimingError(f"model {name} has {limit} positions but the grid needs {longest} "
+                                  f"(context {max(grid.contexts)} + {grid.warmup + grid.repeats + 1} steps): "
+                                  "lower --context or raise the position limit in its config")
         for name, _ in models:   # refuse to mix settings before any bar or measurement starts
             TimingFolder.open(Path(out) / name, grid.settings(), args.fresh)
         from tqdm import tqdm

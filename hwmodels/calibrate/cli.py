@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     facts = device_facts(args.device, torch)
     print(f"calibrating {args.device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load average {load_before}", file=sys.stderr)
-    if args.device == "cpu" and load_before and load_before[0] > 0.5:
+    if args.device == "cpu" and load_before and load_before[0] > hostinfo.BUSY_LOAD:
         # Spinning OpenMP threads that lose their core stall a parallel op for a scheduler
         # tick (~4-16 ms): timings under load are inflated, sometimes by orders of magnitude.
         print(f"warning: load average {load_before[0]} before start: other processes compete for "

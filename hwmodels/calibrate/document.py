@@ -10,6 +10,7 @@ import yaml
 from ..registry import load_device
 from ..schema import SCHEMA_VERSION
 from .fit import FitResult, Series
+from .hostinfo import BUSY_LOAD
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,11 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
                   f"load average before/after {prov.load_before}/{prov.load_after}. Raw medians are "
                   "under calibration.series; regenerate with python -m hwmodels.calibrate."
                   + (" QUICK MODE: few sizes, warm caches; for tests, not for predictions."
-                     if prov.mode == "quick" else "")),
+                     if prov.mode == "quick" else "")
+                  + (f" WARNING: measured under CPU contention (load average {prov.load_before[0]} at "
+                     "start): timings are inflated; regenerate on a quiet machine."
+                     if prov.device == "cpu" and prov.load_before and prov.load_before[0] > BUSY_LOAD
+                     else "")),
         "calibration": {
             "tool": "hwmodels.calibrate",
             "mode": prov.mode,

@@ -6,6 +6,10 @@ import platform
 import re
 from pathlib import Path
 
+# 1-minute load average above which a CPU calibration is flagged: spinning OpenMP threads
+# that lose their core stall parallel ops for a scheduler tick.
+BUSY_LOAD = 0.5
+
 
 def cpu_model() -> str:
     try:

@@ -74,6 +74,7 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     panels = [(title, points[points["metric"].isin(metrics)]) for title, metrics in PANELS]
     panels = [(t, df) for t, df in panels if len(df)]
@@ -83,8 +84,12 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
     marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(sources)}
     colors = plt.get_cmap("tab10")
     color = {s: colors(i % 10) for i, s in enumerate(sources)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.0), squeeze=False)
-    for ax, (title, df) in zip(axes[0], panels):
+    ncols = min(2, len(panels))
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 4.8 * nrows + 1.0), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, df) in zip(axes.flat, panels):
         for source, group in df.groupby("source", sort=False):
             flagged = is_flagged(group, threshold)
             ax.scatter(group["measured"], group["predicted"], marker=marker[source], s=28, alpha=0.8,
@@ -101,6 +106,10 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
                         label=f"+-{threshold:g}%")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):   # plain numbers at 1-2-5 steps: readable on short log ranges
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel("measured / published")
@@ -108,14 +117,15 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.2)
     handles, labels = [], []
-    for ax in axes[0]:
+    for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=7, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
     fig.suptitle("kvsim validation: predicted vs measured (red ring: error above threshold)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 + 0.025 * (len(labels) // 3), 1, 0.96))
+    legend_rows = (len(labels) + 1) // 2
+    fig.tight_layout(rect=(0, min(0.4, 0.022 * legend_rows * 2 / nrows + 0.02), 1, 0.97))
     tmp = path.with_name(path.name + ".tmp")
     fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
     plt.close(fig)

@@ -124,6 +124,15 @@ def test_document_round_trips_through_the_loader(tmp_path):
     assert render(doc).startswith("# Calibrated hardware file")
 
 
+def test_contention_is_flagged_in_the_notes():
+    series = synthetic_series()
+    result = fit(series, "fp32")
+    busy = build_document("x", "d", 1e9, "t", result, series, provenance(load_before=[9.8, 8, 7]), "fp32")
+    quiet = build_document("x", "d", 1e9, "t", result, series, provenance(), "fp32")
+    assert "CPU contention (load average 9.8" in busy["notes"]
+    assert "contention" not in quiet["notes"]
+
+
 def test_full_mode_source_has_no_quick_marker():
     assert "--quick" not in provenance(mode="full").source("x")
 

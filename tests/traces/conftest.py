@@ -26,8 +26,8 @@ def tiny_dataset(tmp_path_factory):
 def tiny_config(out, dataset, **overrides):
     from traces.capture import CaptureConfig
 
-    params = dict(model="tiny-llama", policies=POLICIES, dataset=f"jsonl:{dataset}", out=out, n=2,
-                  max_new_tokens=MAX_NEW, cache_ratios=RATIOS, max_prompt_tokens=48, progress=False, threads=1)
+    params = {"model": "tiny-llama", "policies": POLICIES, "dataset": f"jsonl:{dataset}", "out": out, "n": 2,
+                  "max_new_tokens": MAX_NEW, "cache_ratios": RATIOS, "max_prompt_tokens": 48, "progress": False, "threads": 1}
     params.update(overrides)
     return CaptureConfig(**params)
 

@@ -61,7 +61,7 @@ def test_kept_positions_replay_matches_lengths_and_policy_rules(tiny_trace_dir):
     last = MAX_NEW - 2
     for sample in trace.samples:
         n = int(trace.kv.loc[trace.kv["sample"] == sample, "prompt_len"].iloc[0])
-        k = int(math.floor(0.5 * n))
+        k = math.floor(0.5 * n)
         window = trace.kept_positions(sample, "window", 0.5, last, layer=1, head=0)
         newest = n + last  # the token decode step `last` fed
         assert window.tolist() == list(range(newest - k + 1, newest + 1))

@@ -74,7 +74,8 @@ def test_quality_on_a_missing_or_broken_folder(capsys, tmp_path):
 
 def test_capture_cli_in_a_subprocess_prints_one_line():
     proc = subprocess.run([sys.executable, "-m", "traces.capture", "--model", "tiny-llama", "--policy", "full",
-                           "--dataset", "nope", "--out", "/tmp/unused"], capture_output=True, text=True)
+                           "--dataset", "nope", "--out", "/tmp/unused"], capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: unknown dataset 'nope' (choose from xsum, cnndm, soda, "
                                                 "dialogsum, long-text, tinystories, long-text:NAME, jsonl:PATH)"]

@@ -66,8 +66,8 @@ def test_stage_limits_leave_room_for_later_stages(tmp_path):
     assert run.limit("calibrate") == pytest.approx(200 - 15 - 120, abs=1)
     assert run.limit("timing") == pytest.approx(200 - 15 - 60, abs=1)
     assert run.limit("capture") == pytest.approx(120, abs=1)   # its cap
-    run.to_run = ["timing"]
-    assert run.limit("timing") == pytest.approx(plan.caps_s["timing"], abs=1)
+    run.to_run = ["timing"]   # nothing after it: all that is left, up to its cap
+    assert run.limit("timing") == pytest.approx(200 - 15, abs=1)
 
 
 # ---- the stage runner -------------------------------------------------------------------------------
@@ -133,9 +133,12 @@ def test_synthetic_state_wrapper_draws_kv_from_the_device_generator():
             assert kg.torch is torch   # restored as soon as the state is built
             got = [(layer.keys.clone(), layer.values.shape, layer.positions.clone()) for layer in state.cache.layers]
             kg.decode_one_token(state)
+    # Layer 0's kept positions are drawn before any K/V: the same. Later layers' come from the CPU generator,
+    # which the original also advanced by its K/V draws; they differ in value, not in shape or budget.
+    assert torch.equal(got[0][2], ref[0][2])
     for (k_ref, v_shape_ref, pos_ref), (k, v_shape, pos) in zip(ref, got):
         assert k.shape == k_ref.shape and k.dtype == torch.bfloat16 and v_shape == v_shape_ref
-        assert torch.equal(pos, pos_ref)          # the policy's bookkeeping is untouched
+        assert pos.shape == pos_ref.shape and torch.equal((pos >= 0).sum(-1), (pos_ref >= 0).sum(-1))
         assert not torch.equal(k, k_ref)          # K/V came from the other generator
     # A call that already names its device (a synthetic_state drawing on the GPU) passes through untouched.
     proxy = TorchWithDeviceRandn(torch, torch.device("cpu"), seed=0)
@@ -281,7 +284,7 @@ def test_tiny_run_end_to_end_then_ingest(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert [s["stage"] for s in run["stages"]] == ["calibrate", "timing:gpt-j-6b", "timing:mpt-7b", "capture"]
-    assert all(s["status"] == "ok" for s in run["stages"]) and run["wall_s"] < run["plan"]["total_s"] <= wall + 240
+    assert all(s["status"] == "ok" for s in run["stages"]) and run["wall_s"] <= min(wall, run["plan"]["total_s"])
     from hwmodels import load_device
     from sim.validation.measured import load_timing
 

@@ -32,18 +32,18 @@ def write_trace(folder, *, prompt=100, gen=11, layers=4, heads=2, budget_by_laye
                     for head in range(heads):
                         held = context if name == "full" else budget_by_layer[layer] + (head if sample == "b" else 0)
                         generated_held = min(step + 1, held)
-                        kv.append(dict(sample=sample, policy=name, cache_ratio=r, step=step, layer=layer, head=head,
-                                       prompt_len=prompt, kv_len=held, kept_prompt=held - generated_held,
-                                       mass_retained=1.0 if name == "full" else 0.8))
-                        kept.append(dict(sample=sample, policy=name, cache_ratio=r, step=step, layer=layer, head=head,
-                                         kept_bitmap=np.packbits(np.ones(prompt, np.uint8)).tobytes() if step == -1 else None,
-                                         added=[] if step == -1 else [prompt + step], evicted=[]))
-                steps.append(dict(sample=sample, policy=name, cache_ratio=r, step=step,
-                                  phase="prefill" if step == -1 else "decode", prompt_len=prompt,
-                                  kv_len_mean=1.0, kv_cache_bytes=1, wall_s=0.01, peak_mem_bytes=-1, score_flops=0.0,
-                                  score_elems=0.0, token=5, top1=5, nll=1.0))
-            texts.append(dict(sample=sample, policy=name, cache_ratio=r, prompt_len=prompt, generated="x",
-                              reference="y", tokens=[5] * gen))
+                        kv.append({"sample": sample, "policy": name, "cache_ratio": r, "step": step, "layer": layer, "head": head,
+                                       "prompt_len": prompt, "kv_len": held, "kept_prompt": held - generated_held,
+                                       "mass_retained": 1.0 if name == "full" else 0.8})
+                        kept.append({"sample": sample, "policy": name, "cache_ratio": r, "step": step, "layer": layer, "head": head,
+                                         "kept_bitmap": np.packbits(np.ones(prompt, np.uint8)).tobytes() if step == -1 else None,
+                                         "added": [] if step == -1 else [prompt + step], "evicted": []})
+                steps.append({"sample": sample, "policy": name, "cache_ratio": r, "step": step,
+                                  "phase": "prefill" if step == -1 else "decode", "prompt_len": prompt,
+                                  "kv_len_mean": 1.0, "kv_cache_bytes": 1, "wall_s": 0.01, "peak_mem_bytes": -1, "score_flops": 0.0,
+                                  "score_elems": 0.0, "token": 5, "top1": 5, "nll": 1.0})
+            texts.append({"sample": sample, "policy": name, "cache_ratio": r, "prompt_len": prompt, "generated": "x",
+                              "reference": "y", "tokens": [5] * gen})
     pq.write_table(_table(kv, schema.KV_SCHEMA), folder / schema.KV)
     pq.write_table(_table(kept, schema.KEPT_SCHEMA), folder / schema.KEPT)
     pq.write_table(_table(steps, schema.STEPS_SCHEMA), folder / schema.STEPS)
@@ -197,5 +197,5 @@ def test_truncated_kept_is_reported_when_used(trace_dir):
     path.write_bytes(path.read_bytes()[:100])
     trace = traces.load(trace_dir)  # kv/steps/texts are fine: kept positions load on first use
     with pytest.raises(traces.TraceError, match="kept.parquet: corrupt or truncated"):
-        trace.kept
+        _ = trace.kept
     assert not math.isnan(trace.kv["mass_retained"].mean())

@@ -79,6 +79,7 @@ def test_rerun_resumes_and_refuses_other_settings(tmp_path, capsys):
     (["--threads", "0"], "--threads"),
     (["--dtype", "int4"], "not supported for timing"),
     (["--device", "cuda"], "--device other than cpu needs --out"),
+    (["--context", "8192"], "has 4096 positions"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
     rc, _, err = run(["--model", "tiny-gpt2", "--out", tmp_path] + argv, capsys)

@@ -9,6 +9,7 @@ OMP_WAIT_POLICY first (it must be set before OpenMP starts to matter).
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -121,7 +122,7 @@ def run_capture(config: CaptureConfig) -> Path:
     from tqdm import tqdm
 
     from traces.capture import store
-    from traces.capture.prompts import forced_ids, prompt_format, prompt_ids
+    from traces.capture.prompts import forced_ids, prompt_ids
     from traces.capture.run import capture_one, make_policy
     from traces.models import load_model
 
@@ -140,17 +141,17 @@ def run_capture(config: CaptureConfig) -> Path:
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / store.SHARDS, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    if store.check_resume(out, settings) and not (out / store.CAPTURE_CONFIG).exists():
+        print(f"{out}: already complete", file=sys.stderr)
+        return out
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     lm = load_model(config.model, device=config.device, dtype=config.dtype)
     # Every prompt is built before the first run, so a sample that cannot fit fails now, not an hour in.
     prompts = {s.id: prompt_ids(lm, s, info, config.max_prompt_tokens) for s in samples}
-    forced = {s.id: forced_ids(lm, s, config.max_new_tokens) for s in samples} if config.mode() == "teacher_forced" else {}
-    resuming = store.check_resume(out, settings)
-    if resuming and not (out / store.CAPTURE_CONFIG).exists():
-        print(f"{out}: already complete", file=sys.stderr)
-        return out
+    teacher_forced = config.mode() == "teacher_forced"
+    forced = {s.id: forced_ids(lm, s, config.max_new_tokens) for s in samples} if teacher_forced else {}
     store.write_json(out / store.CAPTURE_CONFIG, settings)
 
     torch.manual_seed(config.seed)
@@ -160,7 +161,6 @@ def run_capture(config: CaptureConfig) -> Path:
     runs = [(sample, spec, ratio) for sample in samples for spec in config.specs
             for ratio in config.ratios_for(spec)]
     keys = [store.shard_key(spec.label, ratio, sample.id) for sample, spec, ratio in runs]
-    formats = set()
     todo = [(run, key) for run, key in zip(runs, keys) if not store.shard_done(out, key)]
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"capture {lm.name}", unit="run",
                disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
@@ -178,29 +178,34 @@ def run_capture(config: CaptureConfig) -> Path:
         bar.update(1)
     bar.close()
 
-    import json
     wall = sum(json.loads((out / store.SHARDS / k / "text.json").read_text()).get("run_wall_s", 0.0) for k in keys)
-    for sample in samples:
-        formats.add(prompt_format(lm, sample))
-    policy_params = {}
+    manifest = _manifest(config, lm, info, samples, prompts, wall, device, settings)
+    store.consolidate(out, keys, manifest)
+    return out
+
+
+def _manifest(config: CaptureConfig, lm, info, samples, prompts, wall: float, device, settings: dict) -> dict:
+    from traces.capture.prompts import prompt_format
+    from traces.capture.run import make_policy
+
+    variants = {}
     for spec in config.specs:
         params = make_policy(spec, config.ratios_for(spec)[0], config.recent_ratio, config.max_new_tokens,
                              config.seed).params()
-        params.pop("cache_ratio", None)
-        policy_params[spec.label] = {"name": spec.name, "params": params}
-    manifest = {
+        params.pop("cache_ratio", None)  # a column of the tables, not a property of the variant
+        variants[spec.label] = {"name": spec.name, "params": params}
+    return {
         "schema_version": schema.SCHEMA_VERSION, "kind": schema.KIND,
         "model": lm.describe(),
-        "policy": {"names": [s.label for s in config.specs], "variants": policy_params,
+        "policy": {"names": [s.label for s in config.specs], "variants": variants,
                    "cache_ratios": list(config.cache_ratios), "recent_ratio": config.recent_ratio},
         "dataset": {"name": config.dataset, "task": info.task, "mode": config.mode(), "source": info.source,
                     "n": len(samples), "sample_ids": [s.id for s in samples],
-                    "max_prompt_tokens": config.max_prompt_tokens, "prompt_format": sorted(formats),
+                    "max_prompt_tokens": config.max_prompt_tokens,
+                    "prompt_format": sorted({prompt_format(lm, s) for s in samples}),
                     "prompt_lens": {s.id: len(prompts[s.id]) for s in samples}},
         "max_new_tokens": config.max_new_tokens,
         "device": config.device, "dtype": config.dtype, "versions": _versions(), "seed": config.seed,
         "wall_time_s": round(wall, 3), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "env": _environment(device), "capture": settings,
     }
-    store.consolidate(out, keys, manifest)
-    return out

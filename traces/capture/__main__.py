@@ -8,8 +8,8 @@ import sys
 # OpenMP reads this when torch starts: set it before anything imports torch (docs/ARCHITECTURE.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
-from traces.capture import DEFAULT_RATIOS, CaptureConfig  # noqa: E402
-from traces.datasets import DATASETS  # noqa: E402
+from traces.capture import DEFAULT_RATIOS, CaptureConfig
+from traces.datasets import DATASETS
 
 
 class _Parser(argparse.ArgumentParser):

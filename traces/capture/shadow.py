@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 ATTENTION_NAME = "kvsim_shadow"
-_recorder: "ShadowRecorder | None" = None  # the recorder of the pass in progress (passes do not nest)
+_recorder: ShadowRecorder | None = None  # the recorder of the pass in progress (passes do not nest)
 
 
 class ShadowRecorder:
@@ -95,7 +95,9 @@ def _run(model, rows: int, **kwargs) -> dict[int, torch.Tensor]:
 
 
 def _cache_kw(model) -> str:
-    from keyformer.compat import cache_kwarg_name  # `cache` on transformers >= 5.24, else past_key_values
+    from keyformer.compat import (
+        cache_kwarg_name,  # `cache` on transformers >= 5.24, else past_key_values
+    )
 
     return cache_kwarg_name(model)
 

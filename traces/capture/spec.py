@@ -17,7 +17,7 @@ class PolicySpec:
         return schema.policy_label(self.name, self.params)
 
     @classmethod
-    def parse(cls, text: str) -> "PolicySpec":
+    def parse(cls, text: str) -> PolicySpec:
         name, _, rest = text.strip().partition(":")
         if not name:
             raise ValueError(f"empty policy name in {text!r}")

@@ -18,9 +18,9 @@ capture() { python -m traces.capture $COMMON "$@"; }
 
 if [[ $what == smollm2 || $what == all ]]; then
   # XSum articles in SmolLM2's chat template ("Summarize the following article in one sentence.").
-  capture --model smollm2-135m --policy $POLICIES --dataset xsum --n 6 --max-prompt-tokens 256 \
+  capture --model smollm2-135m --policy $POLICIES --dataset xsum --n 5 --max-prompt-tokens 256 \
     --max-new-tokens 20 --out $DATA/smollm2-135m/xsum
-  capture --model smollm2-135m $NOISE --cache-ratios 0.5 --dataset xsum --n 6 --max-prompt-tokens 256 \
+  capture --model smollm2-135m $NOISE --cache-ratios 0.5 --dataset xsum --n 5 --max-prompt-tokens 256 \
     --max-new-tokens 20 --out $DATA/smollm2-135m/xsum-noise
 fi
 if [[ $what == stories || $what == all ]]; then

@@ -67,7 +67,8 @@ def _extract(archive: Path, into: Path) -> Path:
             else:  # pragma: no cover - Python < 3.11.4; members were checked above
                 tar.extractall(into)
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise IngestError(f"{archive}: not a readable tar archive ({exc})") from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise IngestError(f"{archive}: not a readable tar archive ({first})") from None
     runs = sorted(p.parent for p in into.glob("*/run.json")) or sorted(p.parent for p in into.glob("run.json"))
     if len(runs) != 1:
         raise IngestError(f"{archive}: expected one run folder (with run.json) inside, found {len(runs)}")

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", type=Path, default=None,
                    help="folder for RUN.tar.gz, rewritten after each stage (default: $OUT when set, else none)")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="seconds for the whole run (default 450 on a GPU, 240 for --tiny)")
+                   help="seconds for the whole run (default 450 on a GPU, 480 for --tiny)")
     p.add_argument("--skip", action="append", default=[], choices=STAGES, help="leave a stage out (repeatable)")
     p.add_argument("--hw", default=None,
                    help="hardware file or name to predict the timing points on, instead of calibrating")

@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +47,14 @@ def last_error_line(log_path: Path) -> str:
     return (errors or lines or [""])[-1][:300]
 
 
+def _own_process_group() -> dict:
+    """Popen arguments that put the child in a process group of its own (so it and its children can be
+    signalled together) but in our session: whatever ends the session also ends the child."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -79,7 +88,7 @@ def run_stage(stage: str, argv: list[str], log_path: Path, limit_s: float, env: 
         log.write(f"$ {shlex.join(argv)}\n# limit {limit_s:.0f} s\n")
         log.flush()
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=REPO_ROOT, start_new_session=True)
+                                cwd=REPO_ROOT, **_own_process_group())
         try:
             result.returncode = proc.wait(timeout=limit_s - grace)
         except subprocess.TimeoutExpired:
