@@ -209,7 +209,7 @@ def build_model(config: dict, dtype: str, device: str, seed: int):
 
 def max_positions(config: dict) -> int | None:
     """The model's position limit from its HF config (learned/rotary tables), None when it has none."""
-    for key in ("n_positions", "max_position_embeddings", "max_seq_len", "n_ctx"):
+    for key in ("n_positions", "max_position_embeddings", "n_ctx"):   # ALiBi (max_seq_len) extrapolates
         if isinstance(config.get(key), int):
             return config[key]
     return None

@@ -92,10 +92,9 @@ def resolve_source(source: Path, scratch: Path) -> tuple[Path, Path | None]:
 
 def check_run(run_dir: Path) -> dict:
     """Load everything the destination will hold; returns {hw, timing, traces, skipped} (paths relative)."""
+    import traces
     from hwmodels import load_device
     from sim.validation.measured import load_timing
-
-    import traces
 
     try:
         run = json.loads((run_dir / "run.json").read_text())
@@ -135,7 +134,7 @@ def check_run(run_dir: Path) -> dict:
 
 def _dest_name(rel: str) -> str:
     """Where a run-folder path lands: traces/<model>/<dataset> -> <model>/<dataset>; the rest keeps its path."""
-    return rel[len("traces/"):] if rel.startswith("traces/") else rel
+    return rel.removeprefix("traces/")
 
 
 def hw_comparison(dest: Path, datasheet: str | None) -> pd.DataFrame:

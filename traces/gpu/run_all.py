@@ -76,7 +76,7 @@ def gpu_slug(device: str) -> tuple[str, str]:
         return "cpu", "cpu"
     try:
         name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.strip().splitlines()[0]
+                              text=True, timeout=20, check=False).stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "cuda", "unknown CUDA device (nvidia-smi unavailable)"
     match = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", name.replace("NVIDIA", ""))
@@ -85,9 +85,9 @@ def gpu_slug(device: str) -> tuple[str, str]:
 
 def gpu_facts() -> dict:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,"
-                              "clocks.max.mem,power.limit", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
+        out = subprocess.run(["nvidia-smi", ("--query-gpu=name,memory.total,driver_version,clocks.max.sm,"
+                                              "clocks.max.mem,power.limit"), "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"nvidia_smi": out} if out else {}

@@ -73,9 +73,10 @@ def collect_timing(root: Path) -> pd.DataFrame:
 
 
 def _grid(decode: pd.DataFrame, value: str, fmt: str) -> str:
-    rows = decode.assign(setting=decode["policy"] + " " + decode["cache_ratio"].map("{:g}".format),
-                         column="b" + decode["batch"].astype(str) + " n" + decode["context"].astype(str))
-    table = rows.pivot_table(index="setting", columns="column", values=value, aggfunc="first")
+    setting = [p if p == "full" else f"{p} {r:g}" for p, r in zip(decode["policy"], decode["cache_ratio"])]
+    rows = decode.assign(setting=setting, column=[f"b{b} n{n}" for b, n in zip(decode["batch"], decode["context"])])
+    table = rows.pivot_table(index="setting", columns="column", values=value, aggfunc="first", sort=False)
+    table.index.name = table.columns.name = None
     return table.to_string(float_format=lambda v: fmt.format(v), na_rep="-")
 
 
@@ -137,8 +138,9 @@ def render(root: Path, run: dict | None = None) -> str:
         run = json.loads((root / "run.json").read_text())
     out = []
     if run:
-        out += [f"== run {run.get('plan', {}).get('name')} on {run.get('device_name')} "
-                f"({run.get('started')}, {run.get('wall_s', 0):.0f} s of {run.get('plan', {}).get('total_s', 0):.0f} s)"]
+        plan = run.get("plan", {})
+        out.append(f"== run {plan.get('name')} on {run.get('device_name')} ({run.get('started')}, "
+                   f"{run.get('wall_s', 0):.0f} s of {plan.get('total_s', 0):.0f} s)")
         out += stage_lines(run)
     hw = hardware_lines(root)
     if hw:

@@ -22,12 +22,12 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch loads, as traces.timing does
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import functools
+import sys
+from pathlib import Path
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
 MEMORY_FILE = "memory.csv"
 MEMORY_COLUMNS = ("phase", "policy", "cache_ratio", "batch", "context", "peak_mem_bytes", "start_mem_bytes")
@@ -115,10 +115,10 @@ def with_peak_memory(time_fn, phase: str, log: MemoryLog):
         grid = args[-1]
         if phase == "decode":
             point, batch, context = args[0], args[1], args[2]
-            key = dict(phase="decode", policy=point.name, cache_ratio=point.ratio, batch=int(batch),
-                       context=int(context))
+            key = {"phase": "decode", "policy": point.name, "cache_ratio": point.ratio, "batch": int(batch),
+                   "context": int(context)}
         else:
-            key = dict(phase="prefill", policy="full", cache_ratio=1.0, batch=1, context=int(args[0]))
+            key = {"phase": "prefill", "policy": "full", "cache_ratio": 1.0, "batch": 1, "context": int(args[0])}
         cuda = str(grid.device).startswith("cuda")
         if cuda:
             torch.cuda.synchronize(grid.device)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import keyformer.generate
-    import traces.timing as timing
+    from traces import timing
 
     if own.threads is None:
         argv += ["--threads", str(torch.get_num_threads())]
