@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from sim import runner, sweep  # noqa: E402

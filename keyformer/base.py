@@ -181,8 +181,8 @@ class Policy:
         self.next_position = self.next_position + 1
         # tokens at positions above this floor form the recent window of this step (newcomer included)
         self._window_floor = (self.current_position - self.recent).view(-1, 1, 1)
-        if self.position_mode == "renumber":
-            # The newcomer sits right after the tokens held (StreamingLLM-style query position).
+        if self.position_mode == "renumber" and self.evicts:
+            # The newcomer sits right after the k tokens held (StreamingLLM-style query position).
             return self.budget.unsqueeze(-1)
         return self.current_position.unsqueeze(-1)
 

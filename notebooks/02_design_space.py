@@ -58,20 +58,19 @@ def find_sweep_table() -> Path | None:
     return candidates[-1] if candidates else None
 
 
+NEEDED = {"hw", "model", "policy", "cache_ratio", "batch", "beams", "prompt", "gen", "tpot_s", "max_batch",
+          "max_batch_tokens_per_s", "decode_bound"}
 source = find_sweep_table()
-if source is not None:
-    table = pd.read_parquet(source)
+table = pd.read_parquet(source) if source is not None else None
+if table is not None and NEEDED <= set(table.columns):
     print(f"sweep table: {source} ({len(table):,} points)")
 else:
+    if table is not None:  # e.g. a `--engine des` sweep: serving metrics, not the analytic columns
+        print(f"{source} lacks {sorted(NEEDED - set(table.columns))}; evaluating a small grid instead")
     config = sweep.GridConfig(models=["llama-3-8b"], batches=[1, 16, 64], prompts=[4096], gens=[1024])
     points = sweep.build_grid(config)
     table = pd.concat([points, sweep.evaluate(points)], axis=1)
-    print(f"no sweep output found: evaluated {len(table):,} points here with sim.sweep.evaluate")
-# Analytic rows only (a trace-driven or DES sweep adds its own columns; this notebook needs neither).
-if "kv_source" in table.columns:
-    table = table[table["kv_source"] == "formula"]
-if "engine" in table.columns:
-    table = table[table["engine"] == "analytic"]
+    print(f"evaluated {len(table):,} points here with sim.sweep.evaluate")
 
 # %% [markdown]
 # ## 1. Latency and throughput vs cache ratio, per device

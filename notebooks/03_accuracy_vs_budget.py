@@ -55,6 +55,9 @@ if os.environ.get("KVSIM_TRACE_DIRS"):
     trace_dirs = [Path(p) for p in os.environ["KVSIM_TRACE_DIRS"].split(os.pathsep) if p]
 else:
     trace_dirs = traced.bundled_traces()
+if not trace_dirs:
+    raise FileNotFoundError("no trace folders: the bundled ones live in traces/data/ (bash traces/data/regenerate.sh "
+                            "recaptures them); or set KVSIM_TRACE_DIRS")
 loaded = {traced.trace_label(d): traces.load(d) for d in trace_dirs}
 quality = pd.concat([tradeoff.measured_quality(t, name) for name, t in loaded.items()], ignore_index=True)
 print(f"{len(loaded)} trace(s): " + ", ".join(f"{n} ({tradeoff.trace_model_name(t)}, {len(t.samples)} samples)"

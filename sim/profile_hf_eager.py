@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.kvlen import SCORED
+from sim.kvlen import EVICTING, SCORED
 from sim.ops import SCORE_BYTES, Op, OpContext
 from sim.profiles import Profile, register_profile
 
@@ -86,12 +86,13 @@ EAGER_LAUNCHES = {
 
 # The policies' score path as eager kernels, per layer and decode step, and full passes over the
 # (rows x query heads x kept) fp32 score tensor each kernel makes.
-#   kvsim keyformer (keyformer/keyformer.py + base.py): noise = rand, clamp_, log_, neg_, log_, neg_ (6
-#     kernels, 11 passes), add, divide by tau, softmax (3 kernels, ~8 passes), sum over the query axis and the
-#     GQA group (2 kernels, ~2 passes), += into the slot scores (1 kernel): 12 kernels, ~22 passes.
-#     Eviction (base._evict_one): newest - recent, compare, pos < 0, or, where(inf), argmin, two scatter_
-#     (8 kernels, ~10 passes over rows x kv heads x slots).
-#   kvsim h2o: the same sums and accumulation without noise or second softmax (3 kernels, ~5 passes).
+#   kvsim keyformer (keyformer/keyformer.py + base.py, as of the C.done version): the Gumbel noise of all
+#     layers is drawn once per step (random_, &, to, mul_, log_, neg_, log_, mul_: 8 kernels, ~15 passes over
+#     n_layers x the score tensor); per layer torch.add(noise, logits / tau) and softmax (2 kernels, ~6
+#     passes), the GQA group sum (1 kernel when heads share a KV head) and += into the slot scores (1).
+#     Eviction (base._evict_one): compare with the window floor, masked_fill(inf), min, two scatter_ (5
+#     kernels, ~7 passes over rows x kv heads x slots).
+#   kvsim h2o: the model's probabilities are the score: group sum and += (2 kernels); the same eviction.
 #   paper keyformer (official MPT attention.py, shared/docs/keyformer-paper.md §1.3-1.4, §4.4): copy.deepcopy
 #     of the logits (1 kernel, 2 passes); F.gumbel_softmax = empty_like().exponential_().log().neg(), add,
 #     divide by tau, softmax (6 kernels, ~10 passes); sum over batch/beams and query rows (2 kernels, 2
@@ -100,11 +101,16 @@ EAGER_LAUNCHES = {
 #   paper h2o: the paper's H2O baseline is the same code without the logit adjustment ("No logit
 #     adjustment ... mirroring the approach used in H2O", paper §4.4.3): softmax of the raw logits (1, ~3
 #     passes), the two sums and the accumulation: 5 kernels, ~8 passes; the same selection.
+# score_*: per layer; step_*: once per decode step for all layers (amortised over them); evict_*: per layer.
 POLICY_PATHS = {
-    ("kvsim", "keyformer"): dict(score_launches=12, score_passes=22, evict_launches=8, evict_passes=10),
-    ("kvsim", "h2o"): dict(score_launches=3, score_passes=5, evict_launches=8, evict_passes=10),
-    ("hf", "keyformer"): dict(score_launches=11, score_passes=17, evict_launches=6, evict_passes=4),
-    ("hf", "h2o"): dict(score_launches=5, score_passes=8, evict_launches=6, evict_passes=4),
+    ("kvsim", "keyformer"): dict(score_launches=4, score_passes=8, step_launches=8, step_passes=15,
+                                 evict_launches=5, evict_passes=7),
+    ("kvsim", "h2o"): dict(score_launches=2, score_passes=4, step_launches=0, step_passes=0,
+                           evict_launches=5, evict_passes=7),
+    ("hf", "keyformer"): dict(score_launches=11, score_passes=17, step_launches=0, step_passes=0,
+                              evict_launches=6, evict_passes=4),
+    ("hf", "h2o"): dict(score_launches=5, score_passes=8, step_launches=0, step_passes=0,
+                        evict_launches=6, evict_passes=4),
 }
 # The paper's physical-eviction variants compact K/V every EVICT_INTERVAL steps (attention_keyformer_*).
 EVICT_INTERVAL = 8
@@ -150,11 +156,11 @@ def policy_eager_ops(ctx: OpContext, stack: str) -> list[Op]:
     slots = ctx.rows * m.n_kv_heads * kept
     # sim.ops already charges 2 passes over the probabilities and 2 over the score state (score_update)
     # and one over the candidates (select_evict): add what the eager code does beyond that.
-    extra_score = max(path["score_passes"] - 2, 0) * elems * SCORE_BYTES
+    score_passes = path["score_passes"] + path["step_passes"]     # the per-step draw covers every layer once
+    extra_score = max(score_passes - 2, 0) * elems * SCORE_BYTES
     extra_evict = max(path["evict_passes"] - 1, 0) * slots * SCORE_BYTES
-    return [Op("policy_eager_passes", True, flops=path["score_passes"] * elems,
-               act_bytes=extra_score + extra_evict,
-               launches=path["score_launches"] + path["evict_launches"])]
+    return [Op("policy_eager_passes", True, flops=score_passes * elems, act_bytes=extra_score + extra_evict,
+               launches=path["score_launches"] + path["evict_launches"] + path["step_launches"] / m.n_layers)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -239,10 +245,14 @@ def kvsim_decode_ops(ctx: OpContext) -> list[Op]:
     keys = _keys(ctx)
     elems = _score_elems(ctx)
     slot_elems = ctx.rows * m.n_kv_heads * keys
+    # attend(): logits.mul_(scaling) is one more pass over the fp32 logits. A batch whose requests share one
+    # budget fills every slot (keyformer/ "dense slots"): no mask. Full attention's buffer has free slots, so
+    # slot_bias builds where(positions >= 0, 0, -inf) per layer and adds it to every logit.
+    masked = ctx.policy not in EVICTING
     ops = [
-        # slot_bias: where(positions >= 0, 0, -inf) per layer, then logits + bias, logits *= scale: the
-        # bias is built from the slot positions (read long, write fp32) and added to every logit.
-        Op("slot_mask", True, act_bytes=slot_elems * SLOT_MASK_BYTES + 2 * elems * SCORE_BYTES, launches=3),
+        Op("logits_scale_mask", True,
+           act_bytes=2 * elems * SCORE_BYTES + masked * (slot_elems * SLOT_MASK_BYTES + 2 * elems * SCORE_BYTES),
+           launches=0 + 3 * masked),   # the scale's launch is counted in attn_scores
         # cache.update also scatters the newcomer's position and zeroes its score; the full policy
         # advances free_slot (and checks growth with a host sync).
         Op("slot_bookkeeping", True, act_bytes=ctx.rows * m.n_kv_heads * 2 * 8, launches=4),
@@ -271,9 +281,10 @@ def kvsim_prefill_ops(ctx: OpContext) -> list[Op]:
         eager_glue(ctx),
     ]
     if ctx.policy in SCORED:
-        passes = POLICY_PATHS[("kvsim", ctx.policy)]["score_passes"]
+        path = POLICY_PATHS[("kvsim", ctx.policy)]
+        passes = path["score_passes"] + path["step_passes"]     # the prompt draws its noise layer by layer
         ops.append(Op("policy_eager_passes", True, flops=passes * elems, act_bytes=passes * elems * SCORE_BYTES,
-                      launches=POLICY_PATHS[("kvsim", ctx.policy)]["score_launches"]))
+                      launches=path["score_launches"] + path["step_launches"]))
     return ops
 
 

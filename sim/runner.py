@@ -33,7 +33,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -243,7 +243,8 @@ class DaskExecutor:
     """A Dask distributed cluster (``ADDRESS`` of its scheduler, or a ``distributed.Client``).
 
     Workers need kvsim importable (``pip install kvsim`` there). Chunks are submitted through a
-    bounded window, so a 10^7-point sweep never holds every chunk in the scheduler's memory."""
+    bounded window (4 per worker thread), so a 10^7-point sweep never holds every chunk in the
+    scheduler's memory."""
 
     def __init__(self, scheduler, connect_timeout: str | None = None):
         try:
@@ -273,7 +274,8 @@ class DaskExecutor:
                 future = self.client.submit(_call, evaluate, chunk_id, chunk, pure=False)
                 pending.append(future)
                 futures.add(future)
-                while futures.count() >= 2 * self.workers:
+                # 4 per worker: enough queued that shipping inputs and results overlaps computing
+                while futures.count() >= 4 * self.workers:
                     finished = next(futures)
                     pending.remove(finished)
                     yield finished.result()
@@ -310,7 +312,6 @@ class RunResult:
     executor: str
     cache_dir: Path | None = None
     chunk_size: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def points_per_s(self) -> float:
@@ -394,7 +395,7 @@ def run_points(points: pd.DataFrame, evaluate: Evaluate, *, key_columns: Sequenc
 
     table = None
     if collect:
-        table = _assemble(n, points, hi, lo, cached, where, todo_rows, size, new_parts)
+        table = _assemble(n, hi, lo, cached, todo_rows, new_parts)
     return RunResult(table=table, n_points=n, n_cached=n_cached, n_computed=n_computed,
                      seconds=time.perf_counter() - start, executor=executor.describe(),
                      cache_dir=cache.dir if cache else None, chunk_size=size)
@@ -419,12 +420,13 @@ def _lookup(cached: pd.DataFrame, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return merged["_at"].fillna(-1).to_numpy(np.int64)
 
 
-def _assemble(n, points, hi, lo, cached, where, todo_rows, size, new_parts) -> pd.DataFrame:
+def _assemble(n, hi, lo, cached, todo_rows, new_parts) -> pd.DataFrame:
+    """Outputs in input order: cached rows and this run's chunks, looked up by point key."""
     computed = [new_parts[i] for i in sorted(new_parts)]
     if hi is None:  # no cache: the chunks are the points, in order
         return pd.concat(computed, ignore_index=True) if computed else pd.DataFrame(index=range(n))
     frames = []
-    if (where >= 0).any():
+    if cached is not None and not cached.empty:
         frames.append(cached)
     if computed:
         new = pd.concat(computed, ignore_index=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -547,9 +546,8 @@ def main(argv=None) -> int:
                 config=asdict(config), options=asdict(options), engine=options.engine,
                 execution=[_execution_line(p) for p in phases + ([traced_phase] if traced_phase else [])],
                 code_version=runner.code_version())
-    if a.no_plots:
-        import sim.plots as plots
-        plots.ENABLED = False
+    import sim.plots as plots
+    plots.ENABLED = not a.no_plots   # set both ways: a module flag would otherwise outlive one main() call
     if traced_phase is not None:
         from sim import tradeoff
         throughput = "tokens_per_s" if options.engine == "des" else "max_batch_tokens_per_s"

@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 from sim import engine
-from sim.kvlen import POLICIES
 from sim.models import list_models, load_model, spec_from_config
 from sim.tradeoff import trace_identity
 

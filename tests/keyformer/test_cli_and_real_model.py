@@ -8,7 +8,6 @@ import sys
 from collections import Counter
 
 import pytest
-import torch
 
 from keyformer import make_policy
 from keyformer.generate import decode_n_tokens, main, prefill

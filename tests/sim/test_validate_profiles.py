@@ -72,7 +72,7 @@ def test_eager_is_slower_than_fused_and_grows_faster_with_context(real_device):
 def test_kvsim_eager_has_no_cache_copies(real_device):
     _, table = decode_table(real_device, "kvsim-eager", policy="keyformer", ratio=0.5)
     assert not {"cache_concat", "beam_reorder", "evict_compact"} & set(table.index)
-    assert {"slot_mask", "slot_bookkeeping", "policy_eager_passes"} <= set(table.index)
+    assert {"logits_scale_mask", "slot_bookkeeping", "policy_eager_passes"} <= set(table.index)
 
 
 def test_decode_step_time_vectorises_over_beams(real_device):

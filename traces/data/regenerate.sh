@@ -34,8 +34,8 @@ if [[ $what == stories || $what == all ]]; then
     --max-new-tokens 24 --out $DATA/stories260k/tinystories-tf
 fi
 if [[ $what == quality || $what == all ]]; then
-  for dir in $DATA/*/*/; do
-    [[ -f $dir/manifest.json ]] && python -m traces.quality "$dir"
-  done
-  python -m traces.quality $DATA/*/*/ --out $DATA/quality
+  # Only the capture traces (traces/data also holds timing runs of another kind).
+  mapfile -t dirs < <(python -c "import traces; print('\n'.join(str(traces.bundled(n)) for n in traces.bundled()))")
+  for dir in "${dirs[@]}"; do python -m traces.quality "$dir"; done
+  python -m traces.quality "${dirs[@]}" --out $DATA/quality
 fi

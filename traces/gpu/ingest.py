@@ -147,8 +147,10 @@ def hw_comparison(dest: Path, datasheet: str | None) -> pd.DataFrame:
     frames = []
     for folder in timing_folders(dest):
         source = load_timing(folder)
-        variants = [("calibrated", source)]
-        if datasheet:
+        named = source.manifest["hw_device"]
+        # The folder's own file is the calibrated one unless calibration failed and the run fell back to a name.
+        variants = [("calibrated" if named.endswith((".yaml", ".yml")) else "as named", source)]
+        if datasheet and datasheet != named:
             variants.append(("datasheet", replace(source, manifest=source.manifest | {"hw_device": datasheet})))
         for label, variant in variants:
             points, _ = measured_points(variant)

@@ -14,8 +14,9 @@ from traces.assets import REPO_ROOT
 
 STAGES = ("calibrate", "timing", "capture")
 SIM_MODELS_DIR = REPO_ROOT / "sim" / "models"
-# Config keys that bound the positions a model can embed (rotary tables, learned positions, ALiBi).
-POSITION_KEYS = ("n_positions", "max_position_embeddings", "max_seq_len")
+# Config keys that bound the positions a model can embed (learned or rotary tables), as traces.timing reads
+# them; ALiBi (MPT's max_seq_len) extrapolates and is left alone.
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")
 # Decode steps a timing point runs past its context (warm-up + repeats), plus slack.
 POSITION_MARGIN = 256
 # Datasheet hardware file per GPU name slug: the fallback when calibration fails, and the comparison the
@@ -99,12 +100,12 @@ def make_plan(device: str, tiny: bool, total_s: float | None = None) -> Plan:
                          "at 4k contexts, hours on a CPU")
     if tiny:
         plan = Plan(
-            # Position limits of 48 < the 64-token context: the tiny run goes through the same limit raising
-            # that GPT-J's 2048 positions need at 4096 tokens.
+            # GPT-J's position limit of 48 < the 64-token context: the tiny run goes through the same limit
+            # raising that GPT-J's 2048 positions need at 4096 tokens.
             name="tiny", device=device, calibrate_quick=True, models=("gpt-j-6b", "mpt-7b"),
             shrink={"gptj": {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "vocab_size": 512,
                              "bos_token_id": 0, "eos_token_id": 1, "n_positions": 48},
-                    "mpt": {"d_model": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 512, "max_seq_len": 48}},
+                    "mpt": {"d_model": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 512}},
             batches=(1, 2), contexts=(32, 64), policies=POLICIES, prefill=(16,), dtype="bf16",
             repeats=3, warmup=1,
             capture=CapturePlan("stories260k", "tinystories", ("full", "keyformer"), (0.5, 1.0), n=2,
@@ -131,8 +132,8 @@ def make_plan(device: str, tiny: bool, total_s: float | None = None) -> Plan:
 
 def timing_config(plan: Plan, model: str) -> dict:
     """The HF config a timing point is built from: the shipped sim model, shrunk for the tiny plan, with its
-    position limit raised to cover the longest context (GPT-J ships n_positions=2048; a 4096-token context
-    would index past its rotary table). Both changes are recorded in `_source`."""
+    position limit raised to cover the longest context (GPT-J ships n_positions=2048; traces.timing refuses a
+    4096-token context on it, which would index past its rotary table). Both changes are noted in `_source`."""
     path = SIM_MODELS_DIR / f"{model}.json"
     if not path.is_file():
         raise FileNotFoundError(f"no shipped model config {path}")

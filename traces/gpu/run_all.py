@@ -70,17 +70,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def gpu_slug(device: str) -> tuple[str, str]:
-    """(slug, full name) of the GPU, e.g. ('h200', 'NVIDIA H200'); from nvidia-smi, without loading torch."""
-    if device == "cpu":
-        return "cpu", "cpu"
+PREFLIGHT = """
+import json, importlib.metadata as md, torch
+def version(name):
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20, check=False).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "cuda", "unknown CUDA device (nvidia-smi unavailable)"
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+cuda = torch.cuda.is_available()
+print(json.dumps({"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "cuda_available": cuda,
+                  "gpu": torch.cuda.get_device_name(0) if cuda else None, "torch_threads": torch.get_num_threads(),
+                  "transformers": version("transformers"), "numpy": version("numpy"), "pandas": version("pandas"),
+                  "pyarrow": version("pyarrow")}))
+"""
+
+
+def preflight(env: dict) -> dict:
+    """Versions and the GPU as the stages' interpreter sees them (a few seconds: torch is imported)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", PREFLIGHT], capture_output=True, text=True, env=env,
+                              timeout=120, check=False)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1] if "proc" in locals() else "did not start"
+        raise UsageError(f"{sys.executable} cannot import torch ({detail})") from None
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100'; 'cuda' when the name has no model number."""
     match = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", name.replace("NVIDIA", ""))
-    return (match.group(1).lower() if match else "cuda"), name
+    return match.group(1).lower() if match else "cuda"
 
 
 def gpu_facts() -> dict:
@@ -265,7 +284,12 @@ def main(argv=None) -> int:
             args.skip.append("calibrate")
         if args.hw and args.hw.endswith((".yaml", ".yml")) and not Path(args.hw).is_file():
             raise UsageError(f"--hw {args.hw}: no such hardware file")
-        slug, gpu_name = gpu_slug(args.device)
+        facts = preflight(child_env(args.device))
+        if args.device == "cuda" and not facts["cuda_available"]:
+            raise UsageError(f"--device cuda: torch {facts['torch']} sees no CUDA device here "
+                             "(use --device cpu --tiny to check the stages on a CPU)")
+        gpu_name = facts["gpu"] if args.device == "cuda" else "cpu"
+        slug = gpu_slug(gpu_name) if args.device == "cuda" else "cpu"
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run_dir = (args.out or REPO_ROOT / "results" / f"gpu-{slug}-{plan.name}-{stamp}").resolve()
         if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / "run.json").exists():
@@ -280,6 +304,7 @@ def main(argv=None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     run = Run(plan, run_dir, pack_dir, slug, gpu_name, set(args.skip))
     run.record["assets"] = assets
+    run.record["versions"] = facts
     print(f"run folder {run_dir} ({plan.name} plan on {gpu_name}, budget {plan.total_s:.0f} s, assets {assets})",
           file=sys.stderr, flush=True)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # an outside timeout still packs what finished

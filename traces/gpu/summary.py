@@ -41,19 +41,12 @@ def trace_folders(root: Path) -> list[Path]:
 
 
 def timing_rows(folder: Path) -> pd.DataFrame:
-    """One timing folder's points with peak memory (from its own column or memory.csv) and the model."""
+    """One timing folder's points, with the model's name and peak memory in GiB."""
     manifest = json.loads((folder / "manifest.json").read_text())
     table = pd.read_parquet(folder / "timing.parquet")
-    keys = ["phase", "policy", "cache_ratio", "batch", "context"]
-    if "peak_mem_bytes" not in table.columns:
-        memory = folder / "memory.csv"
-        if memory.exists():
-            mem = pd.read_csv(memory)[keys + ["peak_mem_bytes"]]
-            table = table.assign(cache_ratio=table["cache_ratio"].round(6))
-            table = table.merge(mem.assign(cache_ratio=mem["cache_ratio"].round(6)), on=keys, how="left")
-        else:
-            table["peak_mem_bytes"] = -1
-    peak = table["peak_mem_bytes"].fillna(-1).astype(float)
+    # peak_mem_bytes: CUDA peak allocated during the point (weights included); -1 where not tracked (CPU).
+    peak = (table["peak_mem_bytes"] if "peak_mem_bytes" in table.columns else pd.Series(-1, index=table.index))
+    peak = peak.fillna(-1).astype(float)
     return pd.DataFrame({
         "model": manifest.get("model", {}).get("name", folder.name), "phase": table["phase"],
         "policy": table["policy"], "cache_ratio": table["cache_ratio"], "batch": table["batch"],
