@@ -17,6 +17,7 @@ NOISES = ("gumbel", "gaussian", "constant", "none")
 GUMBEL_MEAN = 0.5772
 GUMBEL_STD = 1.2825
 LOG_2_POW_24 = 24 * math.log(2.0)
+NOISE_POOL_MAX = 1 << 19  # elements (2 MiB of fp32): above this, noise is drawn per layer
 
 
 @dataclass
@@ -66,12 +67,12 @@ class KeyformerPolicy(Policy):
     def _noise_over_tau(self, like: torch.Tensor, tau: float) -> torch.Tensor:
         """zeta / tau shaped like the logits of the current layer.
 
-        Decode steps draw the noise of all layers at once at the step's first layer (one generator call and
-        one transform per step instead of per layer; the same i.i.d. draws in a fixed order). The prompt
-        draws layer by layer (a pool would hold n_layers * n^2 values)."""
+        Small decode steps draw the noise of all layers at once at the step's first layer (one generator call
+        and one transform per step instead of per layer: per-call overhead dominates there). Large ones and
+        the prompt draw layer by layer, so the transform's passes stay in cache."""
         if self._generator is None or self._generator.device != like.device:
             self._generator = torch.Generator(device=like.device).manual_seed(self.seed)
-        if like.shape[3] > 1:
+        if like.shape[3] > 1 or like.numel() * len(self.layers) > NOISE_POOL_MAX:
             return self._draw(like.shape, like, tau)
         if self._pool_step != self.step or self._pool.shape[1:] != like.shape:
             self._pool = self._draw((len(self.layers),) + tuple(like.shape), like, tau)

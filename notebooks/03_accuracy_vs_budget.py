@@ -73,16 +73,14 @@ quality.round(3)
 # ablations (Keyformer's noise, the paper's Table 4) are tabulated below.
 
 # %%
-def headline_metric(q: pd.DataFrame) -> str:
-    measured = q.drop(columns=["mass_retained"]) if len(q.columns.intersection(
-        [c for c in tradeoff.QUALITY_PREFERENCE if c != "mass_retained"])) else q
-    return tradeoff.quality_metric(measured)
-
-
 sweeps = [n for n in loaded if quality[(quality["trace"] == n) & (quality["policy"] != "full")]
           .groupby("policy")["cache_ratio"].nunique().max() >= 3]
 ablations = [n for n in loaded if n not in sweeps]
-metrics = {n: headline_metric(quality[quality["trace"] == n]) for n in loaded}
+if not sweeps:  # only single-budget traces on hand: plot them as they are rather than nothing
+    print("no trace sweeps the cache ratio; plotting the single-budget traces")
+    sweeps = list(loaded)
+# tradeoff.quality_metric: the first of ROUGE-2, ROUGE-L, ..., top-1 agreement, retained mass the trace has
+metrics = {n: tradeoff.quality_metric(quality[quality["trace"] == n]) for n in loaded}
 fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 3.8), squeeze=False)
 reach_rows = []
 for ax, name in zip(axes[0], sweeps):

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bar on stderr everywhere (tqdm.auto wants ipywidgets in notebooks)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The packages whose source decides a simulated result; editing any of them starts a fresh cache.

@@ -328,7 +328,9 @@ def summary_markdown(table: pd.DataFrame, meta: dict) -> str:
     lines += ["", "Full attention ignores the cache ratio (its rows repeat across ratios as the reference).",
               "TPOT = mean decode-step time over gen-1 steps; throughput counts batch x gen tokens / end-to-end time.",
               ""]
-    lines += ["## What a smaller cache buys", ""]
+    # the headline: what each policy x budget costs in measured quality and buys in predicted speed
+    lines += meta.get("tradeoff_md", [])
+    lines += ["## What a smaller cache buys (formula-driven grid)", ""]
     for policy, ratio in (("keyformer", 0.5), ("h2o", 0.9)):
         h = headline(table, policy, ratio)
         if not h.empty:
@@ -343,7 +345,6 @@ def summary_markdown(table: pd.DataFrame, meta: dict) -> str:
               "(`exceeds_max_positions`); they are kept as what-if rows.",
               "- Plots: latency_vs_cache_ratio.png, throughput_vs_batch.png, max_batch_throughput_vs_cache_ratio.png.",
               ""]
-    lines += meta.get("tradeoff_md", [])
     return "\n".join(lines)
 
 
@@ -482,14 +483,14 @@ def build_parser() -> ArgumentParser:
                        help=f"{what}, comma-separated (default {default(dest)})")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run_group = p.add_argument_group("execution (sim.runner)")
-    run_group.add_argument("--workers", type=positive_int, help="local worker processes (default 1: this process)")
+    run_group.add_argument("--workers", type=positive_int, metavar="N", help="local worker processes (default 1: this process)")
     run_group.add_argument("--scheduler", metavar="ADDRESS",
                            help="Dask scheduler address (tcp://host:8786): run the points on that cluster")
-    run_group.add_argument("--cache-dir", help="per-point result cache (default .cache/sweep)")
+    run_group.add_argument("--cache-dir", metavar="DIR", help="per-point result cache (default .cache/sweep)")
     run_group.add_argument("--no-cache", action="store_true", help="compute every point, store nothing")
     run_group.add_argument("--engine", choices=ENGINES, help="analytic (default) or des (serving simulation per point)")
-    run_group.add_argument("--qps", type=float, help="des: request rate per point (default inf: all at once)")
-    run_group.add_argument("--requests", type=positive_int, help="des: requests per point (default 64)")
+    run_group.add_argument("--qps", type=float, metavar="RATE", help="des: request rate per point (default inf: all at once)")
+    run_group.add_argument("--requests", type=positive_int, metavar="N", help="des: requests per point (default 64)")
     trace_group = p.add_argument_group("trace-driven points (measured KV lengths and quality)")
     trace_group.add_argument("--traces", type=csv_list(str, "--traces"), metavar="DIR,..",
                              help="trace folders, 'bundled' (default: traces/data/) or 'none'")

@@ -50,13 +50,13 @@ def bundled_traces() -> list[Path]:
 
 
 def trace_label(path) -> str:
-    """A trace's name in tables and plots: its path under traces/data/ (`smollm2-135m/xsum`), else its folder name."""
-    import traces
-    path = Path(path).resolve()
-    try:
-        return path.relative_to(Path(traces.__file__).resolve().parent / "data").as_posix()
-    except ValueError:
-        return path.name
+    """A trace's name in tables and plots: its path below a `traces/data/` folder
+    (`smollm2-135m/xsum`, also for a copy of that tree elsewhere), else its folder name."""
+    parts = Path(path).resolve().parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "data" and parts[i - 1] == "traces" and i + 1 < len(parts):
+            return "/".join(parts[i + 1:])
+    return parts[-1]
 
 
 @lru_cache(maxsize=32)
@@ -114,7 +114,8 @@ def own_lengths(trace) -> tuple[int, int]:
 def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), batches=None) -> pd.DataFrame:
     """Points for every trace x its captured (policy, cache ratio) x config devices, dtypes, profiles.
 
-    Policies outside `config.policies` are skipped; so are variants of them only if their base is."""
+    A captured policy (or variant, e.g. `keyformer(noise=none)`) is kept when its base policy is in
+    `config.policies`."""
     from hwmodels import load_device
     from sim import sweep
     devices = {name: load_device(name) for name in config.hw}
@@ -170,8 +171,11 @@ def evaluate(points: pd.DataFrame) -> pd.DataFrame:
     results = []
     devices, specs = {}, {}
     for row in points.itertuples(index=False):
-        hw = devices.get(row.hw) or devices.setdefault(row.hw, load_device(row.hw))
-        spec = specs.get(row.model) or specs.setdefault(row.model, resolve_model(row.model))
+        if row.hw not in devices:
+            devices[row.hw] = load_device(row.hw)
+        if row.model not in specs:
+            specs[row.model] = resolve_model(row.model)
+        hw, spec = devices[row.hw], specs[row.model]
         override = kv_override(row.trace_path, row.trace_hash, row.policy_label, float(row.cache_ratio),
                                int(row.prompt), int(row.gen), spec.n_layers)
         r = engine.evaluate(hw, spec, row.policy, batch=row.batch, prompt=row.prompt, gen=row.gen,

@@ -12,6 +12,7 @@ then replaced as a whole (--replace needed when it exists):
       timing/<model>/       kvsim-timing folders (sim.validate finds them: origin "h200")
       <model>/<dataset>/    trace folders (traces.load, traces.bundled)
       run.json, summary.csv, summary.txt, hw_comparison.csv, logs/
+      <model>_<dataset>_vs_bundled.csv   the trace against the bundled capture of the same samples
 
 hw_comparison.csv: every measured point predicted on the calibrated file and on the datasheet file
 (run.json's datasheet_hw, or --datasheet), with MAPE per metric and hardware file; printed at the end.
@@ -107,7 +108,7 @@ def check_run(run_dir: Path) -> dict:
         try:
             load_device(path)
         except (ValueError, FileNotFoundError) as exc:
-            raise IngestError(f"{path}: the calibrated hardware file does not load ({exc})") from None
+            raise IngestError(f"{path}: the hardware file does not load ({exc})") from None
         found["hw"].append(path.relative_to(run_dir).as_posix())
     for folder in timing_folders(run_dir):
         source = load_timing(folder)   # as sim.validate reads it
@@ -141,6 +142,7 @@ def hw_comparison(dest: Path, datasheet: str | None) -> pd.DataFrame:
     """Every measured point predicted on the folder's own (calibrated) file and on `datasheet`."""
     from dataclasses import replace
 
+    from hwmodels import load_device
     from sim.validation.measured import load_timing
     from sim.validation.points import measured_points
 
@@ -148,8 +150,9 @@ def hw_comparison(dest: Path, datasheet: str | None) -> pd.DataFrame:
     for folder in timing_folders(dest):
         source = load_timing(folder)
         named = source.manifest["hw_device"]
-        # The folder's own file is the calibrated one unless calibration failed and the run fell back to a name.
-        variants = [("calibrated" if named.endswith((".yaml", ".yml")) else "as named", source)]
+        # The folder's own file: the calibrated one, unless calibration failed (or --hw named another file).
+        own = "calibrated" if load_device(source.hw).calibration else "as run (not calibrated)"
+        variants = [(own, source)]
         if datasheet and datasheet != named:
             variants.append(("datasheet", replace(source, manifest=source.manifest | {"hw_device": datasheet})))
         for label, variant in variants:
@@ -158,6 +161,33 @@ def hw_comparison(dest: Path, datasheet: str | None) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
+
+
+def compare_traces(trace_dir: Path, reference_dir: Path) -> pd.DataFrame:
+    """Per policy x cache ratio, how a trace captured here matches another capture of the same samples
+    (the bundled CPU trace): runs in common, runs whose generated tokens are identical (over the length both
+    generated), the share of (step, layer, head) rows holding the same number of tokens, and the mean
+    |difference| of retained attention mass. Keyformer's Gumbel noise comes from a generator on the capture's device, so its runs are
+    not expected to match across devices; full and h2o are deterministic up to floating-point order."""
+    import traces
+
+    ours, ref = traces.load(trace_dir), traces.load(reference_dir)
+    keys = ["sample", "policy", "cache_ratio"]
+    texts = ours.texts[keys + ["tokens"]].merge(ref.texts[keys + ["tokens"]], on=keys, suffixes=("", "_ref"))
+    # Over the tokens both generated (the captures may differ in --max-new-tokens).
+    texts["identical_tokens"] = [list(a)[:min(len(a), len(b))] == list(b)[:min(len(a), len(b))]
+                                 for a, b in zip(texts["tokens"], texts["tokens_ref"])]
+    kv_keys = keys + ["step", "layer", "head"]
+    kv = ours.kv[kv_keys + ["kv_len", "mass_retained"]].merge(
+        ref.kv[kv_keys + ["kv_len", "mass_retained"]], on=kv_keys, suffixes=("", "_ref"))
+    kv["same_kv_len"] = kv["kv_len"] == kv["kv_len_ref"]
+    kv["mass_abs_diff"] = (kv["mass_retained"] - kv["mass_retained_ref"]).abs()
+    by_text = texts.groupby(["policy", "cache_ratio"], as_index=False).agg(
+        runs=("identical_tokens", "size"), identical_tokens=("identical_tokens", "sum"))
+    by_kv = kv.groupby(["policy", "cache_ratio"], as_index=False).agg(
+        kv_rows=("same_kv_len", "size"), same_kv_len_share=("same_kv_len", "mean"),
+        mass_abs_diff_mean=("mass_abs_diff", "mean"))
+    return by_text.merge(by_kv, on=["policy", "cache_ratio"], how="outer")
 
 
 def mape_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -173,6 +203,8 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
            datasheet: str | None = None, compare: bool = True) -> dict:
     """Check, copy and index a run; returns the index written to dest/index.json."""
     dest = Path(dest).resolve()
+    if dest.exists() and not dest.is_dir():
+        raise IngestError(f"--dest {dest} is a file, not a folder")
     if dest.exists() and any(dest.iterdir()) and not replace_existing:
         raise IngestError(f"{dest} exists and is not empty: pass --replace to replace it")
     with tempfile.TemporaryDirectory(prefix="kvsim-ingest-") as scratch:
@@ -204,6 +236,15 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
             if len(comparison):
                 keep = ["hw_file", "hw_name", "source", "id", "metric", "regime", "measured", "predicted", "error_pct"]
                 comparison[keep].to_csv(staging / "hw_comparison.csv", index=False, float_format="%.6g")
+            trace_match = []
+            for rel in found["traces"]:   # against the bundled capture of the same model and dataset
+                reference = REPO_ROOT / "traces" / "data" / _dest_name(rel)
+                if compare and (reference / "manifest.json").is_file():
+                    table_match = compare_traces(staging / _dest_name(rel), reference)
+                    name = _dest_name(rel).replace("/", "_") + "_vs_bundled.csv"
+                    table_match.to_csv(staging / name, index=False, float_format="%.6g")
+                    trace_match.append({"trace": _dest_name(rel), "reference": reference.relative_to(REPO_ROOT).as_posix(),
+                                        "rows": table_match.round(6).to_dict("records")})
             index = {
                 "kind": INDEX_KIND, "schema_version": 1,
                 "ingested": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -217,6 +258,7 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
                 "traces": [_dest_name(r) for r in found["traces"]], "left_out": found["skipped"],
                 "datasheet_hw": datasheet,
                 "mape": table.round(3).to_dict("records"),
+                "traces_vs_bundled": trace_match,
             }
             (staging / "index.json").write_text(json.dumps(index, indent=2) + "\n")
             if dest.exists():
@@ -260,6 +302,9 @@ def main(argv=None) -> int:
         print(f"  left out: {item}")
     if index["mape"]:
         print(pd.DataFrame(index["mape"]).to_string(index=False))
+    for match in index["traces_vs_bundled"]:
+        print(f"{match['trace']} against {match['reference']}:")
+        print(pd.DataFrame(match["rows"]).to_string(index=False))
     print("next: python -m sim.validate   (it finds the timing folders under traces/data/)")
     return 0
 

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for the whole run (default 450 on a GPU, 480 for --tiny)")
     p.add_argument("--skip", action="append", default=[], choices=STAGES, help="leave a stage out (repeatable)")
     p.add_argument("--hw", default=None,
-                   help="hardware file or name to predict the timing points on, instead of calibrating")
+                   help="hardware file (copied into the run) or hwmodels name to predict the timing points on, "
+                        "instead of calibrating")
     return p
 
 
@@ -162,9 +163,10 @@ def pack(run_dir: Path, pack_dir: Path | None) -> Path | None:
 class Run:
     """The state of one run: its folder, plan, deadline and the stage results so far (run.json)."""
 
-    def __init__(self, plan: Plan, run_dir: Path, pack_dir: Path | None, slug: str, gpu_name: str, skip):
+    def __init__(self, plan: Plan, run_dir: Path, pack_dir: Path | None, slug: str, gpu_name: str, skip,
+                 started: float | None = None):
         self.plan, self.dir, self.pack_dir = plan, run_dir, pack_dir
-        self.started = time.time()
+        self.started = started or time.time()   # the budget counts from the command's start
         self.deadline = self.started + plan.total_s - plan.pack_reserve_s
         self.env = child_env(plan.device)
         self.slug, self.gpu_name = slug, gpu_name
@@ -259,12 +261,17 @@ def stage_capture(run: Run) -> None:
 
 
 def finish(run: Run) -> str:
+    """summary.csv, summary.txt, the final run.json and pack. The results are on disk already: a summary
+    that cannot be made (a bug meeting new data) is reported in summary.txt and must not cost the pack."""
     from traces.gpu.summary import collect_timing, render
 
-    collect_timing(run.dir).to_csv(run.dir / "summary.csv", index=False, float_format="%.6g")
     run.record["wall_s"] = round(time.time() - run.started, 1)
     run.record["stages"] = [r.to_dict() for r in run.results]
-    text = render(run.dir, run.record)
+    try:
+        collect_timing(run.dir).to_csv(run.dir / "summary.csv", index=False, float_format="%.6g")
+        text = render(run.dir, run.record)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        text = f"summary failed ({type(exc).__name__}: {exc}); the run folder holds every result\n"
     (run.dir / "summary.txt").write_text(text)
     run.save(final=True)
     return text
@@ -275,6 +282,7 @@ def _raise_interrupt(signum, frame):
 
 
 def main(argv=None) -> int:
+    started = time.time()
     try:
         args = build_parser().parse_args(argv)
         plan = make_plan(args.device, args.tiny, args.budget_s)
@@ -282,8 +290,10 @@ def main(argv=None) -> int:
             raise UsageError(f"--budget-s {args.budget_s:g} is too short to run anything")
         if args.hw is not None:
             args.skip.append("calibrate")
-        if args.hw and args.hw.endswith((".yaml", ".yml")) and not Path(args.hw).is_file():
-            raise UsageError(f"--hw {args.hw}: no such hardware file")
+        if args.hw and args.hw.endswith((".yaml", ".yml")):
+            if not Path(args.hw).is_file():
+                raise UsageError(f"--hw {args.hw}: no such hardware file")
+            args.hw = str(Path(args.hw).resolve())   # the stages run from the repository root
         facts = preflight(child_env(args.device))
         if args.device == "cuda" and not facts["cuda_available"]:
             raise UsageError(f"--device cuda: torch {facts['torch']} sees no CUDA device here "
@@ -302,13 +312,20 @@ def main(argv=None) -> int:
         return 2
     assets = use_carried_assets()
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(plan, run_dir, pack_dir, slug, gpu_name, set(args.skip))
+    run = Run(plan, run_dir, pack_dir, slug, gpu_name, set(args.skip), started)
     run.record["assets"] = assets
     run.record["versions"] = facts
     print(f"run folder {run_dir} ({plan.name} plan on {gpu_name}, budget {plan.total_s:.0f} s, assets {assets})",
           file=sys.stderr, flush=True)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # an outside timeout still packs what finished
     code = 0
+    if args.hw and args.hw.endswith((".yaml", ".yml")):
+        # A copy travels with the results, so the timing manifests' relative path to it survives ingest.
+        copy = run_dir / "hw" / Path(args.hw).name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if Path(args.hw).resolve() != copy.resolve():
+            shutil.copyfile(args.hw, copy)
+        args.hw = str(copy)
     try:
         hw = args.hw or stage_calibrate(run)
         run.record["timing_hw"] = os.path.relpath(hw, run_dir) if hw.endswith((".yaml", ".yml")) else hw

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         argv += ["--threads", str(torch.get_num_threads())]
     if not getattr(keyformer.generate.synthetic_state, "draws_on_device", False):
         keyformer.generate.synthetic_state = synthetic_state_on_device(keyformer.generate.synthetic_state)
+    if hasattr(timing, "synthetic_state"):   # in case traces.timing imports it at module level one day
+        timing.synthetic_state = keyformer.generate.synthetic_state
     return timing.main(argv)
 
 
