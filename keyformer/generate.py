@@ -157,6 +157,9 @@ def synthetic_state(model, policy, batch: int, context_len: int, seed: int = 0,
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     generator = torch.Generator(device="cpu").manual_seed(seed)
+    # K/V are the bulk (GB at 4k x batch 8 on 6B models): draw them on the model's device, in its dtype,
+    # instead of as fp32 on one CPU thread followed by a copy.
+    kv_generator = torch.Generator(device=device).manual_seed(seed)
     kv_heads, head_dim = kv_shape(model)
     n_layers = len(attention_modules(model))
     policy.start_prompt(torch.ones(batch, context_len, dtype=torch.long))
@@ -174,8 +177,9 @@ def synthetic_state(model, policy, batch: int, context_len: int, seed: int = 0,
             positions = torch.arange(context_len).expand(batch, kv_heads, context_len)
         slots = held + 1
         layer.lazy_initialization(torch.empty(0, dtype=dtype, device=device), None)
-        layer.keys = torch.randn(batch, kv_heads, slots, head_dim, generator=generator).to(device, dtype)
-        layer.values = torch.randn(batch, kv_heads, slots, head_dim, generator=generator).to(device, dtype)
+        shape = (batch, kv_heads, slots, head_dim)
+        layer.keys = torch.randn(shape, generator=kv_generator, device=device, dtype=dtype)
+        layer.values = torch.randn(shape, generator=kv_generator, device=device, dtype=dtype)
         layer.positions = torch.cat([positions, torch.full((batch, kv_heads, 1), -1)], dim=-1).to(device)
         layer.scores = torch.rand(batch, kv_heads, slots, generator=generator).to(device)
         layer.scores[..., -1] = 0.0
