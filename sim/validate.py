@@ -22,7 +22,8 @@ import numpy as np
 from sim.validation.measured import find_timing_folders, load_timing
 from sim.validation.points import collect, is_flagged, stats
 from sim.validation.references import load_references
-from sim.validation.report import PLOT_NAME, build_markdown, parity_plot, targets, write_report
+from sim.validation.report import (PLOT_NAME, POINTS_NAME, build_markdown, parity_plot, targets, write_points,
+                                   write_report)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs"
 DEFAULT_THRESHOLD = 10.0
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
         markdown = build_markdown(points, compare, sources, refs, args.threshold, PLOT_NAME, hw_notes)
         args.out.mkdir(parents=True, exist_ok=True)
         parity_plot(points, args.out / PLOT_NAME, args.threshold)
+        write_points(points, args.out / POINTS_NAME)
         path = write_report(markdown, args.out)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -29,6 +29,7 @@ REGIME_TITLES = {
     "capacity": "capacity (largest batch that fits)",
 }
 PLOT_NAME = "validation-parity.png"
+POINTS_NAME = "validation-points.csv"   # every point, machine-readable (notebooks read it)
 
 
 def targets(points: pd.DataFrame, threshold: float) -> list[dict]:
@@ -289,6 +290,12 @@ def _provenance_section(sources: list, refs: pd.DataFrame, hw_notes: list[str]) 
                 f"predicted on `{m.get('hw_device')}` with `{s.profile}`.")
         out += [""]
     return out
+
+
+def write_points(points: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    points.to_csv(tmp, index=False, float_format="%.6g")
+    os.replace(tmp, path)
 
 
 def write_report(markdown: str, out_dir: Path) -> Path:

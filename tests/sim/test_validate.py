@@ -92,6 +92,8 @@ def test_report_builds_from_fixture_set(fixture_set, capsys):
     text = (out_dir / "validation-report.md").read_text()
     png = out_dir / "validation-parity.png"
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    table = pd.read_csv(out_dir / "validation-points.csv")
+    assert len(table) == 3 + 5 + 2 and {"measured", "predicted", "error_pct", "regime", "unit"} <= set(table.columns)
     # every point is in the table: 3 references + 5 measured latencies + 2 policy/full ratios
     assert text.count("\n| ") >= 10
     for ref_id in ("kf-speedup", "abs-full", "kv-share"):
