@@ -495,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", help="weights and KV dtype: fp32, bf16 or fp16")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--hw", default=None,
-                   help="hwmodels device these points are predicted on (default: cpu-local for cpu)")
+                   help="hwmodels device name or hardware YAML these points are predicted on (default for cpu: "
+                        "traces/data/cpu/cpu-local-1t.yaml at 1 thread, else cpu-local)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu)")
     p.add_argument("--fresh", action="store_true", help="discard finished points instead of resuming")
@@ -527,6 +528,19 @@ def raise_priority() -> str:
     return ", ".join(done) or "unchanged (not permitted)"
 
 
+ONE_THREAD_HW = REPO_ROOT / "traces" / "data" / "cpu" / "cpu-local-1t.yaml"
+
+
+def default_hw(threads: int) -> str:
+    """The CPU hardware file calibrated with the same thread count: bandwidth and FLOP rates depend on it.
+
+    hwmodels' `cpu-local` is calibrated with torch's default threads; the one-thread calibration that the
+    committed grid uses lives beside the grid (regenerate: docs/validation.md)."""
+    if threads == 1 and ONE_THREAD_HW.is_file():
+        return str(ONE_THREAD_HW)
+    return "cpu-local"
+
+
 def _interrupt_on_term(signum, frame):
     raise KeyboardInterrupt
 
@@ -550,7 +564,7 @@ def _main(argv: list[str] | None) -> int:
         if args.device != "cpu" and (args.out is None or args.hw is None):
             raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
         out = args.out if args.out is not None else DEFAULT_OUT
-        hw_device = args.hw or "cpu-local"
+        hw_device = args.hw or default_hw(grid.threads)
         if hw_device.endswith((".yaml", ".yml")):
             if not Path(hw_device).is_file():
                 raise TimingError(f"--hw {hw_device}: no such hardware file")

@@ -127,39 +127,6 @@ def test_failed_stage_reports_its_error_line_and_short_budgets_skip(tmp_path):
     assert skipped.status == "skipped" and "3 s left" in skipped.reason and not (tmp_path / "l.log").exists()
 
 
-# ---- the wrappers around traces.timing --------------------------------------------------------------
-
-def test_synthetic_state_wrapper_draws_kv_from_the_device_generator():
-    torch = pytest.importorskip("torch")
-    import keyformer.generate as kg
-    from keyformer import make_policy
-    from traces.gpu.timing_stage import TorchWithDeviceRandn, synthetic_state_on_device
-    from traces.timing import build_model, tiny_config
-
-    model = build_model(tiny_config("tiny-llama"), "bf16", "cpu", 0)
-    original = kg.synthetic_state
-    wrapped = synthetic_state_on_device(original, device_types=("cpu",))
-    with torch.inference_mode():
-        with original(model, make_policy("keyformer", cache_ratio=0.5), 2, 40, seed=3) as state:
-            ref = [(layer.keys.clone(), layer.values.shape, layer.positions.clone()) for layer in state.cache.layers]
-        with wrapped(model, make_policy("keyformer", cache_ratio=0.5), 2, 40, seed=3) as state:
-            assert kg.torch is torch   # restored as soon as the state is built
-            got = [(layer.keys.clone(), layer.values.shape, layer.positions.clone()) for layer in state.cache.layers]
-            kg.decode_one_token(state)
-    # Layer 0's kept positions are drawn before any K/V: the same. Later layers' come from the CPU generator,
-    # which the original also advanced by its K/V draws; they differ in value, not in shape or budget.
-    assert torch.equal(got[0][2], ref[0][2])
-    for (k_ref, v_shape_ref, pos_ref), (k, v_shape, pos) in zip(ref, got):
-        assert k.shape == k_ref.shape and k.dtype == torch.bfloat16 and v_shape == v_shape_ref
-        assert pos.shape == pos_ref.shape and torch.equal((pos >= 0).sum(-1), (pos_ref >= 0).sum(-1))
-        assert not torch.equal(k, k_ref)          # K/V came from the other generator
-    # A call that already names its device (a synthetic_state drawing on the GPU) passes through untouched.
-    proxy = TorchWithDeviceRandn(torch, torch.device("cpu"), torch.bfloat16, seed=0)
-    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    assert torch.equal(proxy.randn(4, generator=g1, device="cpu"), torch.randn(4, generator=g2))
-    assert proxy.randn(2, 3, generator=torch.Generator()).dtype == torch.bfloat16   # drawn in the model's dtype
-
-
 # ---- orchestration: a real (calibration-only) run, packed --------------------------------------------
 
 def test_calibration_only_run_writes_record_summary_and_pack(tmp_path):
@@ -288,12 +255,16 @@ def test_tiny_run_end_to_end_then_ingest(tmp_path):
     import traces
     from hwmodels import load_device
     from sim.validation.measured import load_timing
-    assert load_device(run_dir / "hw" / "cpu-calibrated.yaml").memory_bw > 0
+    device = load_device(run_dir / "hw" / "cpu-calibrated.yaml")
+    assert device.memory_bw > 0
+    threads = run["versions"]["torch_threads"]   # what the stages' torch uses by default
+    assert device.calibration["env"]["torch_threads"] == threads
     plan = plan_mod.make_plan("cpu", tiny=True)
     for model in ("gpt-j-6b", "mpt-7b"):
         source = load_timing(run_dir / "timing" / model)
         assert len(source.table) == plan.points_per_model() and (source.table["median_s"] > 0).all()
         assert source.manifest["hw_device"] == "../../hw/cpu-calibrated.yaml" and source.dtype == "bf16"
+        assert source.manifest["env"]["threads"] == threads   # timed as calibrated: no sim.validate warning
         assert (source.table["peak_mem_bytes"] == -1).all()   # not tracked on a CPU
     config = json.loads((run_dir / "timing" / "gpt-j-6b" / "config.json").read_text())
     assert config["model_type"] == "gptj" and config["n_positions"] >= 64   # raised past the tiny limit of 48

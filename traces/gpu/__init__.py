@@ -4,6 +4,6 @@
     python -m traces.gpu.run_all --device cpu --tiny  # every stage at tiny shapes, on a CPU
     python -m traces.gpu.ingest RESULT.tar.gz         # unpack into traces/data/h200/ for sim.validate
 
-Modules: plan (what is measured, time caps), stages (child processes with limits), timing_stage (traces.timing
-on a GPU), summary (CSV + printed table), run_all (the entry), ingest.
+Modules: plan (what is measured, time caps), stages (child processes with limits), summary (CSV + printed
+table), run_all (the entry), ingest.
 """

@@ -6,8 +6,8 @@ eviction, real traces), inside a fixed time budget, leaving partial results at e
 
 Stages, each a project CLI in a child process with its own time limit (traces/gpu/stages.py):
   calibrate  python -m hwmodels.calibrate --device D       -> RUN/hw/<gpu>-calibrated.yaml
-  timing     python -m traces.gpu.timing_stage (traces.timing) per model: GPT-J-6B and MPT-7B shapes with random
-             bf16 weights, full and keyformer at 0.2/0.5/1.0, batch 1 and 8, contexts 1024 and 4096, plus
+  timing     python -m traces.timing, one child per model: GPT-J-6B and MPT-7B shapes with random bf16 weights
+             built on the GPU, full and keyformer at 0.2/0.5/1.0, batch 1 and 8, contexts 1024 and 4096, plus
              peak memory                                   -> RUN/timing/<model>/ (kvsim-timing folders)
   capture    python -m traces.capture: stories260K over the TinyStories sample under full, keyformer and h2o
                                                            -> RUN/traces/stories260k/tinystories/ (trace folder)
@@ -164,8 +164,9 @@ class Run:
     """The state of one run: its folder, plan, deadline and the stage results so far (run.json)."""
 
     def __init__(self, plan: Plan, run_dir: Path, pack_dir: Path | None, slug: str, gpu_name: str, skip,
-                 started: float | None = None):
+                 started: float | None = None, threads: int = 1):
         self.plan, self.dir, self.pack_dir = plan, run_dir, pack_dir
+        self.threads = threads   # torch's default thread count in the stages' environment (preflight)
         self.started = started or time.time()   # the budget counts from the command's start
         self.deadline = self.started + plan.total_s - plan.pack_reserve_s
         self.env = child_env(plan.device)
@@ -237,8 +238,10 @@ def stage_timing(run: Run, hw: str) -> None:
     models = list(run.plan.models)
     for i, model in enumerate(models):
         limit = (end - time.time()) / (len(models) - i)   # an early finish passes its time on
-        argv = run.python("traces.gpu.timing_stage", "--model", str(configs[model]),
-                          "--out", str(run.dir / "timing"), "--hw", hw, *run.plan.timing_argv())
+        # --threads: torch's default, the setting hwmodels.calibrate runs and records, so sim.validate
+        # compares like with like (traces.timing's own default is 1 thread, for quiet CPU timings).
+        argv = run.python("traces.timing", "--model", str(configs[model]), "--out", str(run.dir / "timing"),
+                          "--hw", hw, "--threads", str(run.threads), *run.plan.timing_argv())
         run.add(run_stage(f"timing:{model}", argv, run.dir / "logs" / f"timing-{model}.log", limit, run.env, run.dir))
 
 
@@ -312,7 +315,7 @@ def main(argv=None) -> int:
         return 2
     assets = use_carried_assets()
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(plan, run_dir, pack_dir, slug, gpu_name, set(args.skip), started)
+    run = Run(plan, run_dir, pack_dir, slug, gpu_name, set(args.skip), started, int(facts["torch_threads"]))
     run.record["assets"] = assets
     run.record["versions"] = facts
     print(f"run folder {run_dir} ({plan.name} plan on {gpu_name}, budget {plan.total_s:.0f} s, assets {assets})",
