@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+import numpy as np
+
 from .dtypes import canonical_dtype
 
 # peak_flops(dtype) for a dtype the file does not list: the nearest *wider* format the
@@ -42,6 +44,8 @@ class Device:
     sources: Mapping[str, str] = field(default_factory=dict)   # field -> provenance
     notes: str | None = None
     calibration: Mapping | None = None   # raw measurements of a calibrated file
+    # dtype whose peak the compute curve's sizes refer to (None: sizes are used as given)
+    compute_reference_dtype: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -71,9 +75,33 @@ class Device:
         """Achievable fraction of `memory_bw` for transfers of `nbytes` (array in, array out)."""
         return self.bw_curve(nbytes)
 
-    def compute_efficiency(self, flops):
-        """Achievable fraction of peak FLOP/s for kernels of `flops` FLOPs (array in, array out)."""
-        return self.compute_curve(flops)
+    @property
+    def compute_reference_peak(self) -> float | None:
+        """Peak FLOP/s of `compute_reference_dtype` (None when the file names none)."""
+        if self.compute_reference_dtype is None:
+            return None
+        return self.peak_flops(self.compute_reference_dtype)
+
+    def compute_equivalent_flops(self, flops, peak):
+        """`flops` of a kernel running at `peak` FLOP/s, mapped onto the curve's size axis.
+
+        The ramp of a compute curve is a time (under-filled waves, tail, pipeline fill): a
+        kernel reaches the same fraction of its own dtype's peak when it has the same
+        time-at-peak, flops / peak. So the curve is read at flops x reference_peak / peak.
+        Without a reference dtype the sizes are used as given."""
+        ref = self.compute_reference_peak
+        if ref is None:
+            return flops
+        return np.asarray(flops, dtype=np.float64) * (ref / np.asarray(peak, dtype=np.float64))
+
+    def compute_efficiency(self, flops, dtype: str | None = None):
+        """Achievable fraction of peak FLOP/s for kernels of `flops` FLOPs (array in, array out).
+
+        With `dtype`, the kernel runs at `peak_flops(dtype)` and the curve is evaluated at the
+        same time-at-peak (see compute_equivalent_flops); without it, at `flops` as given."""
+        if dtype is None:
+            return self.compute_curve(flops)
+        return self.compute_curve(self.compute_equivalent_flops(flops, self.peak_flops(dtype)))
 
     def to_dict(self) -> dict:
         """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""
@@ -85,6 +113,7 @@ class Device:
             "peak_flops": dict(self.flops),
             "bw_efficiency": self.bw_curve.to_dict(),
             "compute_efficiency": self.compute_curve.to_dict(),
+            "compute_reference_dtype": self.compute_reference_dtype,
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
             "content_hash": self.content_hash,

@@ -69,6 +69,7 @@ def load_device(name_or_path) -> Device:
         compute_curve=parsed.compute_curve, launch_overhead_s=parsed.launch_overhead_s,
         host_overhead_s=parsed.host_overhead_s,
         content_hash=hashlib.sha256(raw).hexdigest()[:16], source_path=str(path),
-        sources=parsed.sources, notes=parsed.notes, calibration=parsed.calibration)
+        sources=parsed.sources, notes=parsed.notes, calibration=parsed.calibration,
+        compute_reference_dtype=parsed.compute_reference_dtype)
     _cache[key] = device
     return device

@@ -19,6 +19,9 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
       size_unit: GFLOP
       points: [[0.1, 0.2], [10, 0.7], [1000, 0.8]]
       source: ...
+      reference_dtype: bf16  # optional: the dtype whose peak the sizes are measured/derived at;
+                             # a kernel of another dtype is looked up at the same time-at-peak,
+                             # i.e. at FLOPs x peak(reference_dtype) / peak(its dtype)
     launch_overhead: {value: 4, unit: us, source: ...}   # per kernel
     host_overhead:   {value: 1, unit: ms, source: ...}   # per step
     notes: optional free text
@@ -65,6 +68,7 @@ class ParsedFile:
     sources: dict
     notes: str | None
     calibration: dict | None
+    compute_reference_dtype: str | None = None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -162,13 +166,14 @@ class _Reader:
         if "form" not in spec:
             self.fail(f"{key}.form", "missing required field (saturating or table)")
         form = spec["form"]
+        extra = ("reference_dtype",) if key == "compute_efficiency" else ()
         if form == "saturating":
-            self.keys(spec, key, ("form", "max_fraction", "half_size"))
+            self.keys(spec, key, ("form", "max_fraction", "half_size"), extra)
             max_fraction = self.quantity(spec, "max_fraction", f"{key}.max_fraction", "fraction")
             half_size = self.quantity(spec, "half_size", f"{key}.half_size", size_kind)
             return SaturatingCurve(max_fraction, half_size)
         if form == "table":
-            self.keys(spec, key, ("form", "size_unit", "points", "source"))
+            self.keys(spec, key, ("form", "size_unit", "points", "source"), extra)
             try:
                 scale = to_base(1.0, spec["size_unit"], size_kind)
             except UnitError as exc:
@@ -216,6 +221,13 @@ def parse(data: dict, path) -> ParsedFile:
 
     bw_curve = r.curve(data, "bw_efficiency")
     compute_curve = r.curve(data, "compute_efficiency")
+    reference = None
+    spec = data["compute_efficiency"]
+    if "reference_dtype" in spec:
+        reference = spec["reference_dtype"]
+        if reference not in flops:
+            r.fail("compute_efficiency.reference_dtype",
+                   f"must name a dtype listed under peak_flops ({', '.join(flops)}), got {_describe(reference)}")
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
 
@@ -224,7 +236,7 @@ def parse(data: dict, path) -> ParsedFile:
     if calibration is not None:
         r.keys(calibration, "calibration", (), CALIBRATION_KEYS)
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
-                      launch, host, r.sources, notes, calibration)
+                      launch, host, r.sources, notes, calibration, reference)
 
 
 def _describe(value) -> str:

@@ -123,6 +123,17 @@ class TimedOps:
     step_time: np.ndarray  # (*shape): sum over ops + host overhead
 
 
+def _compute_eff(hw, flops, peak):
+    """Compute efficiency of kernels of `flops` FLOPs running at `peak` FLOP/s.
+
+    A device whose curve names a reference dtype reads it at the same time-at-peak
+    (hwmodels Device.compute_equivalent_flops): an fp32 norm on an A100 is looked up as the
+    bf16 kernel that takes as long at peak, not as a 16x larger one. Devices without the
+    method (test doubles) use FLOPs as given."""
+    equiv = getattr(hw, "compute_equivalent_flops", None)
+    return hw.compute_efficiency(flops if equiv is None else np.maximum(equiv(flops, peak), 1.0))
+
+
 def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
     """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
 
@@ -138,7 +149,7 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     launches = np.array([op.launches for op in ops]).reshape(-1, *extra)
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
-    t_compute = flops / (peak * hw.compute_efficiency(np.maximum(flops, 1.0)))
+    t_compute = flops / (peak * _compute_eff(hw, np.maximum(flops, 1.0), peak))
     t_memory = nbytes / (hw.memory_bw * hw.bw_efficiency(np.maximum(nbytes, 1.0)))
     per_op = (np.maximum(t_compute, t_memory) + launches * hw.launch_overhead_s) * mult
     parts = {"flops": flops, **byte_parts}
@@ -156,7 +167,8 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     hw = s.hw
     flops = [float(op.flops) for op in ops]
     nbytes = [float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops]
-    c_eff = hw.compute_efficiency(np.maximum(flops, 1.0)).tolist()
+    peaks = [s.peak_gemm if op.gemm else s.peak_vector for op in ops]
+    c_eff = _compute_eff(hw, np.maximum(flops, 1.0), np.array(peaks, dtype=float)).tolist()
     b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0)).tolist()
     bw, launch, n_layers = hw.memory_bw, hw.launch_overhead_s, s.model.n_layers
     total = s.host_s if host else 0.0

@@ -88,6 +88,8 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
             "source": prov.source(
                 f"{gemm} series: fraction = FLOPs / (peak_flops.{primary_dtype} x (median time - "
                 "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"),
+            # the sizes are FLOPs at this dtype's peak: other dtypes are read at equal time-at-peak
+            "reference_dtype": primary_dtype,
         },
         "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
         "host_overhead": _q(fit.host_overhead_s * 1e6, "us",

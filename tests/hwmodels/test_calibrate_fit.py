@@ -114,6 +114,7 @@ def test_document_round_trips_through_the_loader(tmp_path):
     assert device.peak_flops("fp32") == pytest.approx(result.flops["fp32"], rel=1e-3)
     assert device.peak_flops("fp16") == device.peak_flops("bf16")   # fallback for unmeasured
     assert device.launch_overhead_s == pytest.approx(LAUNCH, rel=1e-3)
+    assert device.compute_reference_dtype == "fp32"     # the GEMM series' dtype: the curve's size axis
     for field, source in device.sources.items():
         assert source.startswith("measured: hwmodels.calibrate --quick on testhost"), field
         assert "OMP_WAIT_POLICY=ACTIVE" in source and "torch 2.13.0" in source and "median" in source

@@ -187,3 +187,20 @@ def test_edited_file_is_reloaded(h200_text, tmp_path):
     second = load_device(path)
     assert second.memory_bw == 5e12 and second.content_hash != first.content_hash
     assert hwmodels.load_device(second) is second
+
+
+def test_compute_reference_dtype_must_be_a_listed_peak(h200_text, tmp_path):
+    path = edit(h200_text, tmp_path, lambda d: d["compute_efficiency"].update(reference_dtype="int4"))
+    expect_error(path, "compute_efficiency.reference_dtype", "peak_flops")
+
+
+def test_reference_dtype_only_on_the_compute_curve(h200_text, tmp_path):
+    path = edit(h200_text, tmp_path, lambda d: d["bw_efficiency"].update(reference_dtype="bf16"))
+    expect_error(path, "bw_efficiency.reference_dtype", "unknown field")
+
+
+def test_compute_reference_dtype_optional(h200_text, tmp_path):
+    path = edit(h200_text, tmp_path, lambda d: d["compute_efficiency"].pop("reference_dtype"))
+    device = load_device(path)
+    assert device.compute_reference_dtype is None
+    assert device.compute_efficiency(1e9, "fp32") == device.compute_efficiency(1e9)

@@ -124,3 +124,26 @@ def test_roofline_sanity_decode_floor():
     h200 = load_device("h200-sxm")
     assert 13.48e9 / h200.memory_bw == pytest.approx(2.81e-3, rel=0.01)
     assert math.isclose(h200.to_dict()["memory_bw"], 4.8e12)
+
+
+def test_compute_curve_read_at_equal_time_at_peak_per_dtype():
+    # The datasheet ramp (5 us at the bf16 peak) is a time: an fp32 kernel (1/16 of the A100's bf16
+    # rate) with the same FLOPs spends 16x longer at peak, so it sits where a 16x larger bf16 one does.
+    a100 = load_device("a100-80g-sxm")
+    assert a100.compute_reference_dtype == "bf16"
+    ratio = a100.peak_flops("bf16") / a100.peak_flops("fp32")
+    flops = np.array([1e6, 1e8, 1e10])
+    assert np.allclose(a100.compute_efficiency(flops, "fp32"), a100.compute_efficiency(flops * ratio))
+    assert np.allclose(a100.compute_efficiency(flops, "bf16"), a100.compute_efficiency(flops))
+    # no dtype: the sizes as given (backwards compatible)
+    assert np.allclose(a100.compute_efficiency(flops), a100.compute_curve(flops))
+    # time-at-peak of a tiny fp32 norm: ~ 5 us / 0.8 of ramp, not 5 us x 16
+    t = 1e6 / (a100.peak_flops("fp32") * a100.compute_efficiency(1e6, "fp32"))
+    assert t < 10e-6
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_datasheet_compute_curves_name_their_reference_dtype(name):
+    device = load_device(name)
+    assert device.compute_reference_dtype in device.flops
+    assert device.to_dict()["compute_reference_dtype"] == device.compute_reference_dtype
