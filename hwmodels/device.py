@@ -46,6 +46,8 @@ class Device:
     calibration: Mapping | None = None   # raw measurements of a calibrated file
     # dtype whose peak the compute curve's sizes refer to (None: sizes are used as given)
     compute_reference_dtype: str | None = None
+    # token rows of a weight GEMM -> fraction of peak FLOP/s (None: no skinny-GEMM limit)
+    gemm_rows_curve: object = None
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -103,6 +105,17 @@ class Device:
             return self.compute_curve(flops)
         return self.compute_curve(self.compute_equivalent_flops(flops, self.peak_flops(dtype)))
 
+    def gemm_rows_efficiency(self, rows):
+        """Achievable fraction of peak FLOP/s of a weight GEMM with `rows` token rows (array in,
+        array out), or None when the file has no `gemm_rows_efficiency` table.
+
+        Few-row GEMMs (decode at batch 2..64) do not reach the square-GEMM rate: a CPU BLAS runs
+        them with narrow micro-kernels that are neither streaming (GEMV) nor register-blocked
+        (GEMM). The table is measured on model-sized weights (hwmodels.calibrate, skinny series)."""
+        if self.gemm_rows_curve is None:
+            return None
+        return self.gemm_rows_curve(rows)
+
     def to_dict(self) -> dict:
         """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""
         return {
@@ -114,6 +127,7 @@ class Device:
             "bw_efficiency": self.bw_curve.to_dict(),
             "compute_efficiency": self.compute_curve.to_dict(),
             "compute_reference_dtype": self.compute_reference_dtype,
+            "gemm_rows_efficiency": None if self.gemm_rows_curve is None else self.gemm_rows_curve.to_dict(),
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
             "content_hash": self.content_hash,

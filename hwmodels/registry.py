@@ -70,6 +70,7 @@ def load_device(name_or_path) -> Device:
         host_overhead_s=parsed.host_overhead_s,
         content_hash=hashlib.sha256(raw).hexdigest()[:16], source_path=str(path),
         sources=parsed.sources, notes=parsed.notes, calibration=parsed.calibration,
-        compute_reference_dtype=parsed.compute_reference_dtype)
+        compute_reference_dtype=parsed.compute_reference_dtype,
+        gemm_rows_curve=parsed.gemm_rows_curve)
     _cache[key] = device
     return device

@@ -22,6 +22,11 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
       reference_dtype: bf16  # optional: the dtype whose peak the sizes are measured/derived at;
                              # a kernel of another dtype is looked up at the same time-at-peak,
                              # i.e. at FLOPs x peak(reference_dtype) / peak(its dtype)
+    gemm_rows_efficiency:    # optional: fraction of peak FLOP/s of a weight GEMM vs its token rows
+      form: table            # (skinny GEMMs: F.linear of a few rows against a model-sized weight)
+      size_unit: rows
+      points: [[1, 0.05], [8, 0.15], [64, 0.6]]
+      source: ...
     launch_overhead: {value: 4, unit: us, source: ...}   # per kernel
     host_overhead:   {value: 1, unit: ms, source: ...}   # per step
     notes: optional free text
@@ -43,9 +48,9 @@ SCHEMA_VERSION = 1
 REQUIRED = ("schema_version", "name", "description", "memory_capacity", "memory_bandwidth",
             "peak_flops", "bw_efficiency", "compute_efficiency", "launch_overhead",
             "host_overhead")
-OPTIONAL = ("notes", "calibration")
+OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency")
 QUANTITY_KEYS = ("value", "unit", "source")
-CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops"}
+CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows"}
 # Provenance and raw medians written by hwmodels.calibrate; kept for re-fitting, not read
 # by the model.
 CALIBRATION_KEYS = ("tool", "mode", "device", "host", "date", "wall_time_s", "env", "versions",
@@ -69,6 +74,7 @@ class ParsedFile:
     notes: str | None
     calibration: dict | None
     compute_reference_dtype: str | None = None
+    gemm_rows_curve: object = None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -228,6 +234,7 @@ def parse(data: dict, path) -> ParsedFile:
         if reference not in flops:
             r.fail("compute_efficiency.reference_dtype",
                    f"must name a dtype listed under peak_flops ({', '.join(flops)}), got {_describe(reference)}")
+    rows_curve = r.curve(data, "gemm_rows_efficiency") if "gemm_rows_efficiency" in data else None
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
 
@@ -236,7 +243,7 @@ def parse(data: dict, path) -> ParsedFile:
     if calibration is not None:
         r.keys(calibration, "calibration", (), CALIBRATION_KEYS)
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
-                      launch, host, r.sources, notes, calibration, reference)
+                      launch, host, r.sources, notes, calibration, reference, rows_curve)
 
 
 def _describe(value) -> str:

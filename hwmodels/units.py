@@ -41,6 +41,7 @@ KINDS: dict[str, dict[str, float]] = {
     "ops": OPS,
     "time": TIME,
     "fraction": FRACTION,
+    "rows": {"rows": 1.0},
 }
 KIND_WORDS = {
     "size": "a size in bytes",
@@ -49,6 +50,7 @@ KIND_WORDS = {
     "ops": "an operation count",
     "time": "a time",
     "fraction": "a fraction",
+    "rows": "a count of token rows",
 }
 # Units shown in error messages (the full tables are long).
 SHOWN = {
@@ -58,6 +60,7 @@ SHOWN = {
     "ops": "FLOP, MFLOP, GFLOP, TFLOP (or OP)",
     "time": "s, ms, us, ns",
     "fraction": "none (a plain number)",
+    "rows": "rows",
 }
 
 

@@ -134,6 +134,22 @@ def _compute_eff(hw, flops, peak):
     return hw.compute_efficiency(flops if equiv is None else np.maximum(equiv(flops, peak), 1.0))
 
 
+def _gemm_rows_limit(hw, ops, eff):
+    """Cap the compute efficiency of weight GEMMs at the device's skinny-GEMM fraction for their
+    token-row count (hwmodels Device.gemm_rows_efficiency; devices without that table: unchanged).
+
+    `eff` is (n_ops, *shape); an op's rows may be scalar or broadcast to the trailing shape."""
+    rows_eff = getattr(hw, "gemm_rows_efficiency", None)
+    if rows_eff is None or getattr(hw, "gemm_rows_curve", None) is None:
+        return eff
+    eff = np.array(eff, dtype=float, copy=True)
+    for i, op in enumerate(ops):
+        if op.gemm and op.rows is not None:
+            limit = rows_eff(np.maximum(np.asarray(op.rows, dtype=float), 1.0))
+            eff[i] = np.minimum(eff[i], limit)
+    return eff
+
+
 def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
     """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
 
@@ -149,7 +165,7 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     launches = np.array([op.launches for op in ops]).reshape(-1, *extra)
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
-    t_compute = flops / (peak * _compute_eff(hw, np.maximum(flops, 1.0), peak))
+    t_compute = flops / (peak * _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), peak)))
     t_memory = nbytes / (hw.memory_bw * hw.bw_efficiency(np.maximum(nbytes, 1.0)))
     per_op = (np.maximum(t_compute, t_memory) + launches * hw.launch_overhead_s) * mult
     parts = {"flops": flops, **byte_parts}
@@ -168,7 +184,7 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     flops = [float(op.flops) for op in ops]
     nbytes = [float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops]
     peaks = [s.peak_gemm if op.gemm else s.peak_vector for op in ops]
-    c_eff = _compute_eff(hw, np.maximum(flops, 1.0), np.array(peaks, dtype=float)).tolist()
+    c_eff = _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), np.array(peaks, dtype=float))).tolist()
     b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0)).tolist()
     bw, launch, n_layers = hw.memory_bw, hw.launch_overhead_s, s.model.n_layers
     total = s.host_s if host else 0.0

@@ -37,6 +37,7 @@ class Op:
     kv_write_bytes: Any = 0.0
     launches: float = 1.0
     gemm: bool = False          # True: runs at the weight dtype's peak; else at the activation dtype's
+    rows: Any = None            # gemm: token rows multiplied by the weight (skinny-GEMM efficiency)
 
 
 @dataclass(slots=True)
@@ -87,15 +88,17 @@ def dense_ops(ctx: OpContext) -> list[Op]:
            act_bytes=2 * 2 * tokens * d * ab, launches=_launch(ctx, "norms")),
         Op("qkv_proj", True, flops=2 * tokens * qkv_w, weight_bytes=qkv_w * wb,
            act_bytes=tokens * (d + (m.n_heads + 2 * m.n_kv_heads) * hd) * ab, launches=_launch(ctx, "qkv_proj"),
-           gemm=True),
+           gemm=True, rows=tokens),
         Op("out_proj", True, flops=2 * tokens * out_w, weight_bytes=out_w * wb,
-           act_bytes=tokens * (m.n_heads * hd + d) * ab, launches=_launch(ctx, "out_proj"), gemm=True),
+           act_bytes=tokens * (m.n_heads * hd + d) * ab, launches=_launch(ctx, "out_proj"), gemm=True,
+           rows=tokens),
         Op("mlp", True, flops=2 * tokens * mlp_w, weight_bytes=mlp_w * wb,
-           act_bytes=tokens * (2 * d + mlp_inner + m.d_ff) * ab, launches=_launch(ctx, "mlp"), gemm=True),
+           act_bytes=tokens * (2 * d + mlp_inner + m.d_ff) * ab, launches=_launch(ctx, "mlp"), gemm=True, rows=tokens),
         Op("final_norm", False, flops=NORM_FLOPS * tokens * d, weight_bytes=d * wb, act_bytes=2 * tokens * d * ab,
            launches=_launch(ctx, "final_norm")),
         Op("lm_head", False, flops=2 * logits_rows * m.vocab_size * d, weight_bytes=m.vocab_size * d * wb,
-           act_bytes=logits_rows * (d * ab + m.vocab_size * SCORE_BYTES), launches=_launch(ctx, "lm_head"), gemm=True),
+           act_bytes=logits_rows * (d * ab + m.vocab_size * SCORE_BYTES), launches=_launch(ctx, "lm_head"), gemm=True,
+           rows=logits_rows),
     ]
 
 

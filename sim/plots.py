@@ -72,26 +72,50 @@ def _legend(axes):
         axes[0].legend(handles, labels, fontsize=7, loc="best")
 
 
+def _policy_lines_per_device(plt, table: pd.DataFrame, t: pd.DataFrame, rows, x: str, y, xlabel: str, ylabel: str,
+                             one_point_per_x: bool = True, log2_x: bool = False):
+    """The layout every sweep plot shares: one panel per device of `table`, one line per policy.
+
+    `rows(t, dev)` picks a panel's points from the slice `t`; `y(frame)` is what is drawn, NaN where a
+    point does not fit in memory (a gap in the line). `one_point_per_x` keeps the first row at each x:
+    axes the slice leaves free (batch, the full policy's rows repeated across cache ratios) would
+    otherwise stack copies of the same point.
+    """
+    devices = list(dict.fromkeys(table["hw"]))
+    fig, axes = _panels(plt, len(devices))
+    for ax, dev in zip(axes, devices):
+        d = rows(t, dev)
+        _mark_empty(ax, y(d))
+        for policy, (color, style) in POLICY_STYLE.items():
+            p = d[d["policy"] == policy]
+            if one_point_per_x:
+                p = p.drop_duplicates(x)
+            p = p.sort_values(x)
+            if len(p):
+                ax.plot(p[x], y(p), color=color, ls=style, marker=MARKERS[policy], ms=4, mfc="none", label=policy)
+        if log2_x:
+            ax.set_xscale("log", base=2)
+        ax.set_title(dev, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    _legend(axes)
+    return fig
+
+
+def _device_rows(t: pd.DataFrame, dev: str) -> pd.DataFrame:
+    return t[t["hw"] == dev]
+
+
 def latency_vs_cache_ratio(table: pd.DataFrame, path: Path, batch=None) -> Path:
     plt = _pyplot()
     fixed = _default_slice(table)
     fixed["batch"] = batch if batch is not None else table["batch"].min()
     t = _slice(table, **fixed)
-    devices = list(dict.fromkeys(table["hw"]))
-    fig, axes = _panels(plt, len(devices))
-    for ax, dev in zip(axes, devices):
-        d = t[t["hw"] == dev]
-        _mark_empty(ax, np.where(d["fits"], d["tpot_s"], np.nan))
-        for policy, (color, style) in POLICY_STYLE.items():
-            p = d[d["policy"] == policy].sort_values("cache_ratio")
-            if len(p):
-                ax.plot(p["cache_ratio"], 1e3 * p["tpot_s"].where(p["fits"]), color=color, ls=style,
-                        marker=MARKERS[policy], ms=4, mfc="none", label=policy)
-        ax.set_title(dev, fontsize=9)
-        ax.set_xlabel("cache ratio (KV budget / prompt)")
-        ax.set_ylabel("mean TPOT (ms)")
-        ax.grid(alpha=0.3)
-    _legend(axes)
+    # every input is fixed but the ratio, so each ratio is one point already
+    fig = _policy_lines_per_device(plt, table, t, _device_rows, "cache_ratio",
+                                   lambda f: 1e3 * f["tpot_s"].where(f["fits"]),
+                                   "cache ratio (KV budget / prompt)", "mean TPOT (ms)", one_point_per_x=False)
     fig.suptitle(f"Decode latency vs cache ratio (gaps = out of memory): {fixed['model']}, batch {fixed['batch']}, "
                  f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
     return _save(fig, plt, path)
@@ -103,23 +127,9 @@ def throughput_vs_batch(table: pd.DataFrame, path: Path, ratio: float = 0.5) -> 
     t = _slice(table, **fixed)
     ratios = np.sort(t["cache_ratio"].unique())
     near = ratios[np.abs(ratios - ratio).argmin()] if len(ratios) else ratio
-    devices = list(dict.fromkeys(table["hw"]))
-    fig, axes = _panels(plt, len(devices))
-    for ax, dev in zip(axes, devices):
-        d = t[(t["hw"] == dev) & ((t["cache_ratio"] == near) | (t["policy"] == "full"))]
-        _mark_empty(ax, d["tokens_per_s"].where(d["fits"]))
-        for policy, (color, style) in POLICY_STYLE.items():
-            p = d[d["policy"] == policy].drop_duplicates("batch").sort_values("batch")
-            if len(p):
-                # points that do not fit in memory are left out (drawn as gaps)
-                ax.plot(p["batch"], p["tokens_per_s"].where(p["fits"]), color=color, ls=style, marker=MARKERS[policy],
-                        ms=4, mfc="none", label=policy)
-        ax.set_xscale("log", base=2)
-        ax.set_title(dev, fontsize=9)
-        ax.set_xlabel("batch (requests)")
-        ax.set_ylabel("tokens/s")
-        ax.grid(alpha=0.3)
-    _legend(axes)
+    fig = _policy_lines_per_device(
+        plt, table, t, lambda t, dev: t[(t["hw"] == dev) & ((t["cache_ratio"] == near) | (t["policy"] == "full"))],
+        "batch", lambda f: f["tokens_per_s"].where(f["fits"]), "batch (requests)", "tokens/s", log2_x=True)
     fig.suptitle(f"Throughput vs batch (evicting policies at cache ratio {near:g}; gaps = out of memory): "
                  f"{fixed['model']}, prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
     return _save(fig, plt, path)
@@ -129,21 +139,8 @@ def max_batch_throughput_vs_cache_ratio(table: pd.DataFrame, path: Path) -> Path
     plt = _pyplot()
     fixed = _default_slice(table)
     t = _slice(table, **fixed)
-    devices = list(dict.fromkeys(table["hw"]))
-    fig, axes = _panels(plt, len(devices))
-    for ax, dev in zip(axes, devices):
-        d = t[t["hw"] == dev]
-        _mark_empty(ax, d["max_batch_tokens_per_s"])
-        for policy, (color, style) in POLICY_STYLE.items():
-            p = d[d["policy"] == policy].drop_duplicates("cache_ratio").sort_values("cache_ratio")
-            if len(p):
-                ax.plot(p["cache_ratio"], p["max_batch_tokens_per_s"], color=color, ls=style, marker=MARKERS[policy],
-                        ms=4, mfc="none", label=policy)
-        ax.set_title(dev, fontsize=9)
-        ax.set_xlabel("cache ratio (KV budget / prompt)")
-        ax.set_ylabel("tokens/s at max batch")
-        ax.grid(alpha=0.3)
-    _legend(axes)
+    fig = _policy_lines_per_device(plt, table, t, _device_rows, "cache_ratio", lambda f: f["max_batch_tokens_per_s"],
+                                   "cache ratio (KV budget / prompt)", "tokens/s at max batch")
     fig.suptitle(f"Throughput at the largest batch that fits: {fixed['model']}, "
                  f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
     return _save(fig, plt, path)

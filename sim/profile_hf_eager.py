@@ -217,7 +217,8 @@ def hf_prefill_ops(ctx: OpContext) -> list[Op]:
         Op("mask_bias", True, act_bytes=2 * elems * ab + (ctx.rows * q + m.n_heads) * n * ab, launches=2),
         # transformers 4.28 generate: LM-head logits for every prompt position, not only the last.
         Op("lm_head_all_positions", False, flops=2 * ctx.rows * (q - 1) * m.vocab_size * m.d_model,
-           act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True),
+           act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True,
+           rows=ctx.rows * (q - 1)),
         eager_glue(ctx),
     ]
     if ab < SCORE_BYTES:
@@ -289,7 +290,8 @@ def kvsim_prefill_ops(ctx: OpContext) -> list[Op]:
         # buffer (base._select_prompt + SlotLayer.compact).
         # keyformer.generate.prefill calls the model without logits_to_keep: logits for every prompt position.
         Op("lm_head_all_positions", False, flops=2 * ctx.rows * (q - 1) * m.vocab_size * m.d_model,
-           act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True),
+           act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True,
+           rows=ctx.rows * (q - 1)),
         Op("prompt_compact", True, kv_read_bytes=_kv_bytes(ctx, n * ctx.cache_ratio),
            kv_write_bytes=_kv_bytes(ctx, n * ctx.cache_ratio + 1),
            act_bytes=ctx.rows * m.n_kv_heads * n * (8 + 4 + 8), launches=12),

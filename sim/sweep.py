@@ -271,16 +271,23 @@ def evaluate(points: pd.DataFrame, progress: bool = False) -> pd.DataFrame:
     return pd.DataFrame(out, index=points.index)
 
 
-def write_outputs(table: pd.DataFrame, out_dir, meta: dict | None = None) -> list[Path]:
-    """points.parquet, points.csv, PNG plots and summary.md under out_dir (each written atomically)."""
-    from sim import plots
-    out_dir = Path(out_dir)
+def _write_points(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """points.parquet and points.csv under out_dir (created if missing), each written atomically; both
+    sweep engines write their table this way, whatever their columns."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, write in (("points.parquet", lambda p: table.to_parquet(p, index=False)),
                         ("points.csv", lambda p: table.to_csv(p, index=False))):
         atomic_writer(out_dir / name, write)
         written.append(out_dir / name)
+    return written
+
+
+def write_outputs(table: pd.DataFrame, out_dir, meta: dict | None = None) -> list[Path]:
+    """points.parquet, points.csv, PNG plots and summary.md under out_dir (each written atomically)."""
+    from sim import plots
+    out_dir = Path(out_dir)
+    written = _write_points(table, out_dir)
     written += plots.sweep_plots(table, out_dir)
     atomic_write_text(out_dir / "summary.md", summary_markdown(table, meta or {}))
     written.append(out_dir / "summary.md")
@@ -363,12 +370,7 @@ DES_SUMMARY_COLUMNS = ["tokens_per_s", "ttft_s_p50", "ttft_s_p99", "tpot_s_p50",
 def write_des_outputs(table: pd.DataFrame, out_dir, meta: dict) -> list[Path]:
     """The DES sweep's table and a summary (its columns are serving metrics, so no roofline plots)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, write in (("points.parquet", lambda p: table.to_parquet(p, index=False)),
-                        ("points.csv", lambda p: table.to_csv(p, index=False))):
-        atomic_writer(out_dir / name, write)
-        written.append(out_dir / name)
+    written = _write_points(table, out_dir)
     shown = [c for c in DES_SUMMARY_COLUMNS if c in table.columns]
     failed = table["des_error"].astype(str).str.len().gt(0) if "des_error" in table.columns else pd.Series(False, index=table.index)
     lines = ["# kvsim sweep (discrete-event serving simulation)", "",

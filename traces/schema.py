@@ -23,14 +23,23 @@ QUALITY_CSV = "quality.csv"
 # token s + 1. A row describes the cache *after* that step's eviction, i.e. what decode step s + 1 reads.
 PREFILL_STEP = -1
 
-# One row per sample x policy x cache_ratio x step x layer x kv_head.
-KV_SCHEMA = pa.schema([
+# The key columns, shared so the three tables join on the same names and types: which run and step a
+# row belongs to (sample x policy x cache_ratio x step), and for the per-head tables which KV head.
+STEP_KEY = (
     ("sample", pa.string()),
     ("policy", pa.string()),
     ("cache_ratio", pa.float32()),
     ("step", pa.int32()),
+)
+HEAD_KEY = (
+    *STEP_KEY,
     ("layer", pa.int16()),
     ("head", pa.int16()),
+)
+
+# One row per sample x policy x cache_ratio x step x layer x kv_head.
+KV_SCHEMA = pa.schema([
+    *HEAD_KEY,
     ("prompt_len", pa.int32()),
     ("kv_len", pa.int32()),  # tokens this KV head holds after the step's eviction
     ("kept_prompt", pa.int32()),  # how many of them are prompt tokens (the rest are generated ones)
@@ -43,12 +52,7 @@ KV_SCHEMA = pa.schema([
 # bitmap of the kept prompt positions (numpy.packbits, big-endian bit order, prompt_len bits); every
 # later row lists the positions that entered (`added`) and left (`evicted`) during that step.
 KEPT_SCHEMA = pa.schema([
-    ("sample", pa.string()),
-    ("policy", pa.string()),
-    ("cache_ratio", pa.float32()),
-    ("step", pa.int32()),
-    ("layer", pa.int16()),
-    ("head", pa.int16()),
+    *HEAD_KEY,
     ("kept_bitmap", pa.binary()),
     ("added", pa.list_(pa.int32())),
     ("evicted", pa.list_(pa.int32())),
@@ -56,10 +60,7 @@ KEPT_SCHEMA = pa.schema([
 
 # One row per sample x policy x cache_ratio x step (step -1 = prefill).
 STEPS_SCHEMA = pa.schema([
-    ("sample", pa.string()),
-    ("policy", pa.string()),
-    ("cache_ratio", pa.float32()),
-    ("step", pa.int32()),
+    *STEP_KEY,
     ("phase", pa.string()),  # "prefill" | "decode"
     ("prompt_len", pa.int32()),
     ("kv_len_mean", pa.float32()),  # mean over layers and KV heads after the step

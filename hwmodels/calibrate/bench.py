@@ -149,6 +149,16 @@ def run_all(plan: Plan, progress=None, timer=None) -> dict:
             x = torch.ones(1, n, dtype=tdtype, device=device)
             gemv.add(n * n * element, median_seconds(lambda: F.linear(x, next(weights)), timer, plan))
             tick(f"gemv {dtype} n={n}")
+    dtype = plan.primary_dtype
+    tdtype, element = TORCH_DTYPES[dtype], torch.finfo(TORCH_DTYPES[dtype]).bits // 8
+    for n in plan.skinny_sides:
+        skinny = new(f"skinny_{dtype}_n{n}", f"F.linear(x[M, {n}], W[{n}, {n}]) in {dtype}, W rotating "
+                     f"through the pool; size = token rows M; FLOPs = 2 M {n}^2", "rows")
+        weights = itertools.cycle(pool.views(n * n * element, tdtype, (n, n)))
+        for rows in plan.skinny_rows:
+            x = torch.ones(rows, n, dtype=tdtype, device=device)
+            skinny.add(rows, median_seconds(lambda: F.linear(x, next(weights)), timer, plan))
+            tick(f"skinny {dtype} n={n} M={rows}")
     del pool
     for dtype, sizes in plan.gemm_sizes.items():
         gemm = new(f"gemm_{dtype}", f"F.linear(A[n, n], B[n, n]) in {dtype}; FLOPs = 2 n^3", "flops")

@@ -91,6 +91,14 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
             # the sizes are FLOPs at this dtype's peak: other dtypes are read at equal time-at-peak
             "reference_dtype": primary_dtype,
         },
+        **({"gemm_rows_efficiency": {
+            "form": "table",
+            "size_unit": "rows",
+            "points": [[s, f] for s, f in zip(fit.rows_table.sizes, fit.rows_table.fractions)],
+            "source": prov.source(
+                f"{fit.rows_from}: fraction = 2 M n^2 / (peak_flops.{primary_dtype} x (median time - "
+                "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"),
+        }} if fit.rows_table is not None else {}),
         "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
         "host_overhead": _q(fit.host_overhead_s * 1e6, "us",
                             prov.source(f"host_step: {series['host_step'].what}")),

@@ -31,12 +31,12 @@ class Series:
     """Medians of one benchmark over sizes: points are (size, seconds per call)."""
     name: str
     what: str                         # how it was measured, for the file
-    size_kind: str                    # "bytes" (moved per call), "flops" or "calls"
+    size_kind: str                    # "bytes" (moved per call), "flops", "calls" or "rows"
     points: list = field(default_factory=list)
 
     def __post_init__(self):
-        if self.size_kind not in ("bytes", "flops", "calls"):
-            raise ValueError(f"size kind must be bytes, flops or calls, got {self.size_kind!r}")
+        if self.size_kind not in ("bytes", "flops", "calls", "rows"):
+            raise ValueError(f"size kind must be bytes, flops, calls or rows, got {self.size_kind!r}")
 
     def add(self, size: float, seconds: float) -> None:
         if not (size > 0 and seconds > 0 and math.isfinite(seconds)):
@@ -125,6 +125,8 @@ class FitResult:
     compute_table: TableCurve
     launch_overhead_s: float
     host_overhead_s: float
+    rows_table: TableCurve | None = None    # token rows -> fraction of peak (skinny GEMM series)
+    rows_from: str = ""
 
 
 def fit(series: dict, primary_dtype: str) -> FitResult:
@@ -155,5 +157,34 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     gemm = series[f"gemm_{primary_dtype}"]
     c_sizes, c_fractions = consistent_table(
         gemm.sizes(), raw_efficiency(gemm.sizes(), gemm.seconds(), flops[primary_dtype], launch))
+    rows_table, rows_from = fit_rows(series, primary_dtype, flops[primary_dtype], launch)
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
-                     flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host)
+                     flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from)
+
+
+def skinny_side(name: str) -> int:
+    """'skinny_fp32_n4096' -> 4096."""
+    return int(name.rsplit("_n", 1)[1])
+
+
+def fit_rows(series: dict, primary_dtype: str, peak: float, launch: float):
+    """Fraction of peak FLOP/s per token-row count M from the skinny GEMM series.
+
+    Per side n: 2 M n^2 / (peak x (time - launch)), the rate the weight GEMM reached at M rows
+    (memory time included: where streaming the weight dominates, the fraction reproduces that
+    time and the engine's bandwidth term decides anyway). Over the sides, the median per M;
+    then the same monotone, never-faster-when-larger cleanup as the other tables.
+    Returns (None, "") when there is no skinny series."""
+    names = sorted((n for n, s in series.items() if n.startswith(f"skinny_{primary_dtype}_n") and s.points),
+                   key=skinny_side)
+    if not names:
+        return None, ""
+    per_rows: dict[float, list[float]] = {}
+    for name in names:
+        s, side = series[name], skinny_side(name)
+        flops = 2.0 * s.sizes() * side * side
+        for rows, frac in zip(s.sizes(), raw_efficiency(flops, s.seconds(), peak, launch)):
+            per_rows.setdefault(float(rows), []).append(float(frac))
+    rows = sorted(per_rows)
+    sizes, fractions = consistent_table(rows, [float(np.median(per_rows[r])) for r in rows])
+    return TableCurve(sizes, fractions), f"{', '.join(names)} (median over sides per row count)"

@@ -24,6 +24,10 @@ class Plan:
     repeats: int                      # samples per point; the median is kept
     min_sample_s: float               # each sample loops the op at least this long
     vocab: int = 32000                # logits row of the decode-loop host-work benchmark
+    # skinny GEMMs F.linear(x[M, n], W[n, n]) in the primary dtype, W rotating through the pool:
+    # model-sized square weights n x n and token-row counts M (decode at batch M)
+    skinny_sides: tuple[int, ...] = ()
+    skinny_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -43,6 +47,9 @@ class Plan:
         for dtype, ns in self.gemm_sizes.items():
             if not ns or list(ns) != sorted(set(ns)) or ns[0] <= 0:
                 raise ValueError(f"GEMM sizes for {dtype} must be positive and increasing")
+        if any(n <= 0 for n in self.skinny_sides) or list(self.skinny_rows) != sorted(set(self.skinny_rows)) \
+                or (self.skinny_rows and self.skinny_rows[0] <= 0):
+            raise ValueError("skinny GEMM sides and rows must be positive (rows strictly increasing)")
         if self.repeats < 3:
             raise ValueError("at least 3 repeats are needed for a meaningful median")
         if self.min_sample_s <= 0:
@@ -59,7 +66,8 @@ class Plan:
         """Benchmark points, for the progress bar."""
         copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
         return (2 + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
-                + sum(len(ns) for ns in self.gemm_sizes.values()))
+                + sum(len(ns) for ns in self.gemm_sizes.values())
+                + len(self.skinny_sides) * len(self.skinny_rows))
 
 
 def _powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
@@ -74,7 +82,8 @@ def make_plan(device: str, quick: bool) -> Plan:
     if device == "cpu" and quick:
         # Seconds, for tests: warm caches (the pool fits in the LLC), few sizes; not representative.
         return Plan("cpu", "quick", _powers(64 * KiB, 4 * MiB), ("fp32",), {"fp32": (32, 64, 128, 256)},
-                    "fp32", pool_bytes=16 * MiB, repeats=3, min_sample_s=0.5e-3)
+                    "fp32", pool_bytes=16 * MiB, repeats=3, min_sample_s=0.5e-3,
+                    skinny_sides=(256,), skinny_rows=(1, 2, 4, 8))
     if device == "cpu":
         # 64 KiB .. 1 GiB in x4 steps. The 1 GiB pool is > 3x the last-level cache of this
         # class of server CPU (300 MiB here), so every read streams from DRAM as decode
@@ -85,7 +94,9 @@ def make_plan(device: str, quick: bool) -> Plan:
         return Plan("cpu", "full", _powers(64 * KiB, GiB), ("fp32", "bf16"),
                     {"fp32": (64, 128, 256, 512, 1024, 2048), "bf16": (64, 128, 256, 512, 1024, 2048, 4096),
                      "fp16": (256, 1024, 2048)},
-                    "fp32", pool_bytes=GiB, repeats=11, min_sample_s=2e-3)
+                    "fp32", pool_bytes=GiB, repeats=11, min_sample_s=2e-3,
+                    # weights of 4, 16 and 64 MiB (fp32): the projection sizes of 0.1-7B models
+                    skinny_sides=(1024, 2048, 4096))
     if device == "cuda" and quick:
         return Plan("cuda", "quick", _powers(64 * KiB, 64 * MiB), ("bf16",), {"bf16": (256, 1024, 4096)},
                     "bf16", pool_bytes=256 * MiB, repeats=3, min_sample_s=1e-3)
@@ -94,5 +105,6 @@ def make_plan(device: str, quick: bool) -> Plan:
         return Plan("cuda", "full", _powers(64 * KiB, 4 * GiB), ("bf16", "fp32"),
                     {"bf16": (256, 512, 1024, 2048, 4096, 6144, 8192), "fp16": (1024, 4096, 8192),
                      "fp32": (1024, 4096)},
-                    "bf16", pool_bytes=4 * GiB, repeats=9, min_sample_s=5e-3)
+                    "bf16", pool_bytes=4 * GiB, repeats=9, min_sample_s=5e-3,
+                    skinny_sides=(4096, 8192), skinny_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     raise ValueError(f"device must be cpu or cuda, got {device!r}")

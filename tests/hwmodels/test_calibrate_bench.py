@@ -54,3 +54,18 @@ def test_run_all_with_an_injected_timer_fills_every_series():
     assert [p[0] for p in series["copy"].points] == [2 * 64 * 2**10, 2 * 256 * 2**10]
     assert all(t == pytest.approx(5e-6) for s in series.values() for _, t in s.points)
     fit(series, "fp32")   # the shared fit accepts what the shared benchmarks produce
+
+
+def test_skinny_gemm_series_per_side():
+    from hwmodels.calibrate.bench import run_all
+    from hwmodels.calibrate.fit import fit
+    from hwmodels.calibrate.plan import Plan
+    plan = Plan("cpu", "quick", (64 * 2**10, 256 * 2**10), ("fp32",), {"fp32": (16, 32)}, "fp32",
+                pool_bytes=2**20, repeats=3, min_sample_s=1e-4, skinny_sides=(64, 128), skinny_rows=(1, 2, 4))
+    labels = []
+    series = run_all(plan, labels.append, timer=ScriptedTimer(5e-6))
+    assert {"skinny_fp32_n64", "skinny_fp32_n128"} <= set(series)
+    assert [p[0] for p in series["skinny_fp32_n128"].points] == [1, 2, 4]
+    assert len(labels) == plan.n_points()
+    result = fit(series, "fp32")
+    assert result.rows_table is not None and result.rows_table.sizes == (1, 2, 4)

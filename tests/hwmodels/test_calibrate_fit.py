@@ -172,3 +172,30 @@ def test_written_file_can_be_loaded_by_name_from_path(tmp_path):
     path = tmp_path / "x-local.yaml"
     write_and_check(path, doc)
     assert load_device(str(path)).name == "x-local"
+
+
+def test_fit_rows_from_skinny_series(tmp_path):
+    # skinny GEMMs timed as max(stream the weight, FLOPs at a row-dependent rate): the fit returns
+    # the rate per row count as a fraction of the fp32 peak (median over sides), and the file loads.
+    series = synthetic_series()
+    rate = {1: 0.02, 2: 0.04, 4: 0.06, 8: 0.1, 16: 0.2}
+    for n in (1024, 2048):
+        s = series[f"skinny_fp32_n{n}"] = Series(f"skinny_fp32_n{n}", "synthetic", "rows")
+        for m, frac in rate.items():
+            s.add(m, max(n * n * 4 / BW, 2 * m * n * n / (PEAK * frac)) + LAUNCH)
+    result = fit(series, "fp32")
+    peak = result.flops["fp32"]
+    assert result.rows_table.sizes == (1, 2, 4, 8, 16)
+    for m, frac in rate.items():
+        expect = max(2 * m * 2048**2 / (peak * max(2048**2 * 4 / BW, 2 * m * 2048**2 / (PEAK * frac))),
+                     2 * m * 1024**2 / (peak * max(1024**2 * 4 / BW, 2 * m * 1024**2 / (PEAK * frac))))
+        assert float(result.rows_table(m)) <= expect * 1.001
+    doc = build_document("rows-cpu", "d", 1e9, "test", result, series, provenance(), "fp32")
+    device = write_and_check(tmp_path / "rows-cpu.yaml", doc)
+    assert np.allclose(device.gemm_rows_efficiency([1, 16]), result.rows_table([1, 16]))
+    # without skinny series: no table, and the device reports none
+    plain = fit(synthetic_series(), "fp32")
+    assert plain.rows_table is None
+    assert load_device(write_and_check(tmp_path / "plain.yaml", build_document(
+        "plain", "d", 1e9, "t", plain, synthetic_series(), provenance(), "fp32")).source_path
+    ).gemm_rows_efficiency(4) is None

@@ -22,8 +22,8 @@ def step_loop_tpot(hw, model, batch, prompt, gen, policy, ratio, beams=1, **kw):
                                                 (64, 128, 4000), (4, 30000, 300)])
 def test_mean_tpot_matches_a_step_by_step_loop(device, batch, prompt, gen):
     for policy, ratio in (("full", 1.0), ("keyformer", 0.4), ("window", 0.2)):
-        got = predict(device, "llama-2-7b", batch, prompt, gen, policy, ratio).tpot_s
-        want = step_loop_tpot(device, "llama-2-7b", batch, prompt, gen, policy, ratio)
+        got = predict(device, "llama-3-8b", batch, prompt, gen, policy, ratio).tpot_s
+        want = step_loop_tpot(device, "llama-3-8b", batch, prompt, gen, policy, ratio)
         assert got == pytest.approx(want, rel=0.005), (policy, got, want)
 
 
@@ -58,7 +58,7 @@ def test_policy_ops_by_policy(device):
 
 
 def test_kv_traffic_follows_the_policy(device):
-    m = load_model("llama-2-7b")
+    m = load_model("llama-3-8b")
     full = predict(device, m, 1, 1000, 101, "full", 1.0)
     kv_read = lambda p, step: p.decode_ops.query(f"step == '{step}'")["kv_read_bytes"].sum()
     per_token = m.kv_bytes_per_token("bf16")
@@ -127,7 +127,7 @@ def test_decode_step_time_is_fast_enough_for_a_des(device):
 
 
 def test_kv_override_seam(device):
-    m = load_model("llama-2-7b")
+    m = load_model("llama-3-8b")
     prompt, gen = 1000, 200
     formula = predict(device, m, 2, prompt, gen, "h2o", 0.3)
     same = np.full((gen + 1, m.n_layers), 300.0)
@@ -153,7 +153,7 @@ def test_kv_override_seam(device):
 
 
 def test_memory_and_max_batch(device):
-    m = load_model("llama-2-7b")
+    m = load_model("llama-3-8b")
     p = predict(device, m, 1, 4096, 1024, "full", 1.0)
     mem = lambda b: memory_bytes(m, b, kvlen.peak_kv_tokens("full", 4096, 1024, 1.0), prompt=4096)
     assert p.peak_memory_bytes == pytest.approx(mem(1))
@@ -180,15 +180,15 @@ def test_profiles_can_add_operators_without_touching_the_engine(device):
     register_profile(Profile("test-concat", "fused plus a cache copy per step", launches=get_profile("fused").launches,
                              extra_decode_ops=copy_cache, extra_host_overhead_s=1e-3))
     try:
-        base = predict(device, "llama-2-7b", 1, 2048, 64, "full", 1.0)
-        slow = predict(device, "llama-2-7b", 1, 2048, 64, "full", 1.0, profile="test-concat")
+        base = predict(device, "llama-3-8b", 1, 2048, 64, "full", 1.0)
+        slow = predict(device, "llama-3-8b", 1, 2048, 64, "full", 1.0, profile="test-concat")
         assert "cache_concat" in set(slow.decode_ops["op"]) and "cache_concat" not in set(slow.prefill_ops["op"])
         assert slow.tpot_s > base.tpot_s + 1e-3
         assert slow.ttft_s == pytest.approx(base.ttft_s + 1e-3)
     finally:
         PROFILES.pop("test-concat")
     with pytest.raises(ValueError, match="unknown profile"):
-        predict(device, "llama-2-7b", 1, 2048, 64, "full", 1.0, profile="test-concat")
+        predict(device, "llama-3-8b", 1, 2048, 64, "full", 1.0, profile="test-concat")
     with pytest.raises(ValueError, match="unknown ops"):
         Profile("bad", "x", launches={"no_such_op": 1})
 
@@ -210,3 +210,34 @@ def test_prediction_json_has_the_contract_keys(device):
     for key in ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch",
                 "max_batch_tokens_per_s", "decode_bound", "kv_bytes_per_token", "policy", "cache_ratio"):
         assert key in d
+
+
+def _cpu_like_file(tmp_path, with_rows: bool):
+    import yaml
+    from hwmodels import DEVICES_DIR
+    data = yaml.safe_load((DEVICES_DIR / "a100-80g-sxm.yaml").read_text())
+    data["name"] = "rows-test" if with_rows else "no-rows-test"
+    if with_rows:
+        data["gemm_rows_efficiency"] = {"form": "table", "size_unit": "rows", "source": "test",
+                                        "points": [[1, 0.001], [4, 0.002], [64, 0.032]]}
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def test_skinny_gemm_rows_efficiency_caps_weight_gemms(tmp_path):
+    # A device whose weight GEMMs reach only a small fraction of peak at few token rows: decode at
+    # batch 4 (4 rows through every projection) must slow down by the capped compute time, and a
+    # device without the table is unchanged by the mechanism.
+    rows_dev, plain_dev = _cpu_like_file(tmp_path, True), _cpu_like_file(tmp_path, False)
+    kv = np.full(4, 1000.0)
+    slow = decode_step_time(rows_dev, "llama-3-8b", kv, weight_dtype="bf16", kv_dtype="bf16")
+    fast = decode_step_time(plain_dev, "llama-3-8b", kv, weight_dtype="bf16", kv_dtype="bf16")
+    m = load_model("llama-3-8b")
+    gemm_flops = 2 * 4 * m.n_layers * (m.d_model * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+                                       + m.n_heads * m.head_dim * m.d_model + 3 * m.d_model * m.d_ff)
+    assert slow > fast
+    assert slow >= gemm_flops / (312e12 * 0.002)          # the capped rate bounds the step from below
+    # prefill (many rows: beyond the table, held at its last value) is capped too, at 0.032
+    assert prefill_time(rows_dev, "llama-3-8b", [(512, 0)], weight_dtype="bf16", kv_dtype="bf16") > \
+        prefill_time(plain_dev, "llama-3-8b", [(512, 0)], weight_dtype="bf16", kv_dtype="bf16")

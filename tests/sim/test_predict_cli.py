@@ -9,6 +9,7 @@ import pytest
 
 from sim.cli import run
 from sim.predict import main
+from tests.helpers import assert_one_line_error
 from tests.sim.conftest import real_device_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,8 +109,7 @@ def test_trace_failures_are_one_line(capsys, monkeypatch, tmp_path):
 ])
 def test_user_errors_are_one_line_exit_2(capsys, extra, fragment):
     code, out, err = cli(BASE + extra, capsys)
-    assert code == 2 and out == ""
-    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err
+    assert_one_line_error(code, err, fragment, out=out)
 
 
 def test_missing_required_flag(capsys):

@@ -10,6 +10,7 @@ import pytest
 from sim import engine
 from sim.des.analytic import TraceKV
 from sim.serve import main, simulate, simulate_row
+from tests.helpers import assert_one_line_error
 
 MPT = dict(hw="a100-80g-sxm", model="mpt-7b", kv_dtype="fp16", weight_dtype="fp16")
 
@@ -265,6 +266,5 @@ def test_cli_replays_an_arrivals_file(tmp_path, capsys):
     (BASE + ["--prompt", "8", "--gen", "8", "--qps", "0"], "--qps"),
 ])
 def test_cli_user_mistakes_give_one_line_and_exit_2(args, message, capsys):
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    code = main(args)
+    assert_one_line_error(code, capsys.readouterr().err, message)

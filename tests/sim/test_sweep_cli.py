@@ -10,6 +10,7 @@ import pytest
 
 from sim.cli import run
 from sim.sweep import INPUT_COLUMNS, OUTPUT_COLUMNS, GridConfig, build_grid, evaluate, main
+from tests.helpers import assert_one_line_error
 from tests.sim.conftest import real_device_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,8 +112,7 @@ def test_yaml_config_and_flag_override(tmp_path, capsys):
 ])
 def test_bad_flags_are_one_line_exit_2(argv, fragment, capsys, tmp_path):
     code, out, err = cli(argv + ["--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and out == ""
-    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err
+    assert_one_line_error(code, err, fragment, out=out)
     assert not (tmp_path / "x").exists()
 
 

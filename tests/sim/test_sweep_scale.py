@@ -16,6 +16,7 @@ import pytest
 
 from sim import runner, sweep
 from sim.cli import run
+from tests.helpers import assert_one_line_error
 from tests.sim.conftest import real_device_names
 from tests.sim.test_sweep_scale_tradeoff import write_fixture_trace
 
@@ -163,8 +164,7 @@ def test_run_options_in_the_yaml_config(tmp_path, capsys):
 ])
 def test_bad_run_flags_are_one_line_exit_2(argv, fragment, capsys, tmp_path):
     code, out, err = sweep_cli(SMALL + argv + ["--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and out == ""
-    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err
+    assert_one_line_error(code, err, fragment, out=out)
     assert not (tmp_path / "x").exists()
 
 

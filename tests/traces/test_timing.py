@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("keyformer.generate")
 
+from tests.helpers import assert_one_line_error  # noqa: E402
 from traces import timing  # noqa: E402
 
 TINY = ["--model", "tiny-llama", "--batch", "1,2", "--context", "32,64", "--policy", "full",
@@ -87,8 +88,7 @@ def test_rerun_resumes_and_refuses_other_settings(tmp_path, capsys):
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
     rc, _, err = run(["--model", "tiny-gpt2", "--out", tmp_path] + argv, capsys)
-    assert rc == 2
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert_one_line_error(rc, err, message)
 
 
 def test_module_runs_on_its_own(tmp_path):

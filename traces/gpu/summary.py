@@ -16,28 +16,26 @@ SUMMARY_COLUMNS = ("model", "phase", "policy", "cache_ratio", "batch", "context"
 GIB = 2**30
 
 
-def timing_folders(root: Path) -> list[Path]:
+def _folders_of_kind(root: Path, kind: str) -> list[Path]:
+    """Folders below root whose manifest.json names `kind`; unreadable or foreign manifests are skipped."""
     found = []
     for manifest in sorted(Path(root).glob("**/manifest.json")):
         try:
-            if json.loads(manifest.read_text()).get("kind") == TIMING_KIND:
+            if json.loads(manifest.read_text()).get("kind") == kind:
                 found.append(manifest.parent)
         except (OSError, ValueError, AttributeError):
             continue
     return found
+
+
+def timing_folders(root: Path) -> list[Path]:
+    return _folders_of_kind(root, TIMING_KIND)
 
 
 def trace_folders(root: Path) -> list[Path]:
     from traces.schema import KIND
 
-    found = []
-    for manifest in sorted(Path(root).glob("**/manifest.json")):
-        try:
-            if json.loads(manifest.read_text()).get("kind") == KIND:
-                found.append(manifest.parent)
-        except (OSError, ValueError, AttributeError):
-            continue
-    return found
+    return _folders_of_kind(root, KIND)
 
 
 def timing_rows(folder: Path) -> pd.DataFrame:
