@@ -64,8 +64,10 @@ def hardware_notes(hw_names) -> list[str]:
     """One line per hardware file: calibrated from what (or datasheet)."""
     from sim.validation.predict import _device
     notes = []
+    repo = Path(__file__).resolve().parents[1]
     for name in sorted(set(hw_names)):
-        device = _device(name)
+        # Tables name hardware files relative to the repository (hw_display); resolve them from anywhere.
+        device = _device(str(repo / name) if (repo / name).is_file() else name)
         cal = device.calibration
         if cal:
             series = ", ".join(sorted((cal.get("series") or {}).keys()))

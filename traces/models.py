@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.assets import REPO_ROOT, asset
+from traces.assets import REPO_ROOT, asset, assets_dir
 
 CACHE_DIR = Path(os.environ.get("KVSIM_MODEL_CACHE", REPO_ROOT / ".cache" / "models"))
 
@@ -57,8 +57,20 @@ class LoadedModel:
             "max_positions": getattr(cfg, "max_position_embeddings", None),
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "chat_template": self.chat,
-            "config": cfg.to_dict(),
+            "config": _portable_config(cfg.to_dict()),
         }
+
+
+def _portable_config(config: dict) -> dict:
+    """The config as recorded in a manifest: `_name_or_path` under the assets folder or the repository is
+    written relative to it (`<assets>/...`, `<repo>/...`), so committed traces name no path of one machine."""
+    where = str(config.get("_name_or_path") or "")
+    for root, label in ((assets_dir(), "<assets>"), (REPO_ROOT, "<repo>")):
+        path = Path(where)
+        if path.is_absolute() and path.is_relative_to(root):
+            config = {**config, "_name_or_path": f"{label}/{path.relative_to(root).as_posix()}"}
+            break
+    return config
 
 
 def list_named_models() -> list[str]:

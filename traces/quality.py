@@ -187,17 +187,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="also write a combined report (csv, md, png) here")
     args = parser.parse_args(argv)
     try:
-        frames = []
+        frames, labels = [], []
         for folder in args.dirs:
             trace = traces.load(folder)
             quality = trace_quality(trace)
             write_report(quality, Path(folder) / schema.QUALITY_DIR,
                          f"Quality: {trace.model['name']} on {trace.manifest['dataset']['name']}")
             frames.append(quality)
+            labels.append(f"{trace.model['name']} on {trace.manifest['dataset']['name']} ({Path(folder).name})")
             print(f"{folder}/{schema.QUALITY_DIR}/quality.md")
         if args.out:
             combined = pd.concat(frames, ignore_index=True)
-            write_report(combined, Path(args.out), "Quality: " + ", ".join(args.dirs))
+            write_report(combined, Path(args.out), "Quality: " + "; ".join(labels))
             print(f"{args.out}/quality.md")
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

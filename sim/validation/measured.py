@@ -46,6 +46,14 @@ class TimingSource:
         return hw
 
     @property
+    def hw_display(self) -> str:
+        """`hw` for tables and reports: a path inside the repository is shown relative to it, so committed
+        outputs name no path of one machine."""
+        hw = Path(self.hw)
+        repo = Path(__file__).resolve().parents[2]
+        return str(hw.relative_to(repo)) if hw.is_absolute() and hw.is_relative_to(repo) else self.hw
+
+    @property
     def hw_label(self) -> str:
         return Path(self.manifest["hw_device"]).stem
 

@@ -95,7 +95,7 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         rows.append(dict(origin=source.origin, source=source.name, kind="measured", id=f"{source.name}/{t['phase']}/{label}/b{batch}/n{context}",
                          configuration=config, metric="step_latency_s" if t["phase"] == "decode" else "prefill_s",
                          unit="s", regime=regime, measured=measured, predicted=by_profile[own],
-                         error_pct=_error(by_profile[own], measured), profile=own, hw=source.hw,
+                         error_pct=_error(by_profile[own], measured), profile=own, hw=source.hw_display,
                          calibration=calibration, note=note))
         for profile, value in by_profile.items():
             compare.append(dict(id=rows[-1]["id"], metric=rows[-1]["metric"], regime=regime, profile=profile,
@@ -118,7 +118,7 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
                          configuration=f"{model.name} b{batch} ctx{context} {policy} {ratio:g} / full",
                          metric="latency_ratio", unit="x", regime="eviction-ratio", measured=measured,
                          predicted=num[own] / den[own], error_pct=_error(num[own] / den[own], measured),
-                         profile=own, hw=source.hw, calibration=calibration,
+                         profile=own, hw=source.hw_display, calibration=calibration,
                          note="step latency of the policy / of full, same batch and context"))
         for profile in num:
             value = num[profile] / den[profile]
