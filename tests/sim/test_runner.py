@@ -213,7 +213,9 @@ def test_ctrl_c_stops_worker_processes_promptly_and_keeps_their_finished_chunks(
     proc.wait(timeout=15)
     assert proc.returncode != 0 and "finished" not in proc.stdout.read()
     saved = sum(len(pd.read_parquet(p)) for p in cache.rglob("shard-*.parquet"))
-    assert saved >= 50
+    computed = len(logged(toy_env))
+    # Each of the 2 workers may lose the one chunk (10 points) it was computing; nothing finished is lost.
+    assert computed >= 60 and computed - saved <= 2 * 10
     resumed = run_points(grid(2000), toy_evaluate, cache_dir=cache, progress=False)
     assert resumed.n_cached == saved
 
