@@ -1,18 +1,43 @@
-"""Shared CLI plumbing: argparse that reports a mistake as one line and exits 2."""
+"""Command-line plumbing shared by every kvsim CLI (sim, hwmodels, keyformer, traces): a user mistake is one
+`error: ...` line and exit code 2, and output files are written atomically. It lives here because hwmodels
+is the bottom layer: every package may import it, and it needs no torch."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import Callable
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus the message; a user mistake here is one line, exit code 2."""
 
     def error(self, message):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
+        fail(f"{message} (see --help)")
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 2):
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
+
+
+def atomic_writer(path: Path, write: Callable[[Path], None]) -> None:
+    """Let `write(tmp_path)` produce the file (pandas, matplotlib, yaml), then move it into place, so a
+    reader never sees half a file and an interrupted run leaves the old one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp" + path.suffix)   # keep the suffix: writers pick formats by it
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_writer(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from hwmodels.cli import OneLineParser
+
 from keyformer import compat, make_policy
 from keyformer.attention import attention_modules, install_slot_layers
 
@@ -195,13 +197,6 @@ def synthetic_state(model, policy, batch: int, context_len: int, seed: int = 0,
 # ---- command line -----------------------------------------------------------------------------------------
 class UsageError(ValueError):
     """A user mistake on the command line (exit code 2)."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one `error: ...` line (exit 2), like every other user mistake."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n")
 
 
 def load_model(name: str, device: str):

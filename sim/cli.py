@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 from typing import Callable
+
+from hwmodels.cli import OneLineParser, atomic_write_bytes, atomic_write_text, atomic_writer, fail  # noqa: F401
 
 # What a user mistake raises in library code (docs/ARCHITECTURE.md): message, not traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, KeyError)
@@ -15,16 +15,8 @@ class UserError(ValueError):
     """A CLI input problem found outside the library (e.g. a bad combination of flags)."""
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one `error: ...` line (no usage block) and exits 2."""
-
-    def error(self, message):
-        fail(f"{message} (see --help)")
-
-
-def fail(message: str, code: int = 2):
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
+# One implementation for every kvsim CLI (hwmodels.cli): one-line errors, atomic writes.
+ArgumentParser = OneLineParser
 
 
 def run(main: Callable[[list[str] | None], int | None], argv=None) -> int:
@@ -67,24 +59,3 @@ def positive_int(text: str) -> int:
     return value
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_writer(path: Path, write: Callable[[Path], None]) -> None:
-    """Let `write(tmp_path)` produce the file (pandas, matplotlib), then move it into place."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp" + path.suffix)   # keep the suffix: writers pick formats by it
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

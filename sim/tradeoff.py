@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.cli import atomic_writer
+
 RATIO_DECIMALS = 4   # cache ratios are matched after rounding (float32 in traces, float64 in grids)
 # Preferred headline quality metric, best first; the first present in the joined table is used.
 QUALITY_PREFERENCE = ("rouge2", "rougeL", "rouge1", "self_rougeL", "self_rouge2", "top1_agreement",
@@ -179,12 +181,10 @@ def plot_pareto(frame: pd.DataFrame, x: str, y: str, path: str | Path | None = N
 def save_figure(fig, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:
     """PNG written atomically (a reader never sees half a file). `tight=False` skips the bounding-box
     pass (a second render) for figures already laid out with tight_layout."""
-    import os
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png", bbox_inches="tight" if tight else None)
-    os.replace(tmp, path)
+    atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png",
+                                                bbox_inches="tight" if tight else None))
     return path
 
 

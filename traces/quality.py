@@ -16,15 +16,15 @@ into DIR/quality/ of every trace, and a combined set into --out when given.
 """
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from hwmodels.cli import OneLineParser, atomic_writer
 
 import traces
 from traces import schema
@@ -149,9 +149,7 @@ def write_report(quality: pd.DataFrame, out: Path, title: str) -> list[Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     csv = out / schema.QUALITY_CSV
-    tmp = csv.with_name(csv.name + ".tmp")
-    quality.to_csv(tmp, index=False)
-    os.replace(tmp, csv)
+    atomic_writer(csv, lambda tmp: quality.to_csv(tmp, index=False))
     ablation = noise_ablation(quality)
     main = quality[[noise_of(p) in (None, "gumbel") for p in quality["policy"]]]  # variants go to the ablation
     shown = [c for c in ("model", "dataset", "trace", "policy", "cache_ratio", "n_samples", "rouge1", "rouge2", "rougeL",
@@ -174,14 +172,8 @@ def write_report(quality: pd.DataFrame, out: Path, title: str) -> list[Path]:
     return written
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv=None) -> int:
-    parser = _Parser(prog="python -m traces.quality",
+    parser = OneLineParser(prog="python -m traces.quality",
                      description="ROUGE, self-ROUGE, retained attention mass, perplexity per policy x ratio.")
     parser.add_argument("dirs", nargs="+", help="trace folders")
     parser.add_argument("--out", help="also write a combined report (csv, md, png) here")

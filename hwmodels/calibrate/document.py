@@ -1,15 +1,15 @@
 """The calibrated hardware file: schema-conformant YAML, written atomically. No torch."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from ..cli import atomic_write_text
 from ..registry import load_device
 from ..schema import SCHEMA_VERSION
-from .fit import FitResult, Series
+from .fit import FitResult
 from .hostinfo import BUSY_LOAD
 
 
@@ -146,14 +146,10 @@ def render(doc: dict) -> str:
     return header + body
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def write_and_check(path: Path, doc: dict):
     """Write the file atomically, then load it back through the schema (a file the loader
     rejects is a bug here, never shipped silently)."""
-    write_atomic(path, render(doc))
+    atomic_write_text(path, render(doc))
     return load_device(path)

@@ -11,13 +11,13 @@ Layout (docs/validation.md explains how to read it):
 """
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from sim.cli import atomic_write_text, atomic_writer
 from sim.validation.points import is_flagged, stats
 
 REGIME_TITLES = {
@@ -127,10 +127,8 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
     fig.suptitle("kvsim validation: predicted vs measured (red ring: error above threshold)", fontsize=10)
     legend_rows = (len(labels) + 1) // 2
     fig.tight_layout(rect=(0, min(0.4, 0.022 * legend_rows * 2 / nrows + 0.02), 1, 0.97))
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
+    atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None}))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------
@@ -218,7 +216,7 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
     out += ["## Error by regime", "", _stats_table(overall, REGIME_TITLES), "",
             "## Error by origin and regime", "", _stats_table(stats(points, ["origin", "regime"])), "",
             "## Error by source", "", _stats_table(stats(points, "source")), "",
-            f"## Parity plot", "", f"![predicted vs measured]({plot_name})", "",
+            "## Parity plot", "", f"![predicted vs measured]({plot_name})", "",
             "One marker per source, log axes, the black line is y = x and the grey band "
             f"+-{threshold:g}%; red rings mark points above the threshold.", ""]
     comp = profile_comparison(compare, points)
@@ -293,15 +291,11 @@ def _provenance_section(sources: list, refs: pd.DataFrame, hw_notes: list[str]) 
 
 
 def write_points(points: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    points.to_csv(tmp, index=False, float_format="%.6g")
-    os.replace(tmp, path)
+    atomic_writer(path, lambda tmp: points.to_csv(tmp, index=False, float_format="%.6g"))
 
 
 def write_report(markdown: str, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "validation-report.md"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(markdown)
-    os.replace(tmp, path)
+    atomic_write_text(path, markdown)
     return path

@@ -8,14 +8,9 @@ import sys
 # OpenMP reads this when torch starts: set it before anything imports torch (docs/ARCHITECTURE.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
+from hwmodels.cli import OneLineParser
 from traces.capture import DEFAULT_RATIOS, CaptureConfig
 from traces.datasets import DATASETS
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, like every kvsim CLI
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def _ratios(text: str) -> list[float]:
@@ -26,7 +21,7 @@ def _ratios(text: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m traces.capture",
+    p = OneLineParser(prog="python -m traces.capture",
                 description="Capture KV traces (kept tokens, retained attention mass, step times, texts).")
     p.add_argument("--model", required=True,
                    help="model folder, HF id, or smollm2-135m | stories260k | tiny-llama | tiny-gpt2")
