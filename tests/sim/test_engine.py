@@ -1,5 +1,6 @@
 """The analytic engine: operator tables, decode mean vs a step loop, DES entries, memory, seams."""
-import time
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -112,17 +113,32 @@ def test_des_entries_agree_with_the_request_path(device):
     assert done > partial
 
 
+# Timed in a fresh interpreter, like the DES runs: no torch there. In the test process torch (loaded by
+# other tests) leaves OpenMP threads spinning under OMP_WAIT_POLICY=ACTIVE, which doubles the CPU time of
+# pure-numpy code on 2 cores (measured: 28 vs 51 us per call).
+_TIME_DECODE_STEP = """
+import sys, time
+import numpy as np
+from hwmodels import load_device
+from sim.engine import decode_step_time
+device, kv = load_device(sys.argv[1]), np.full(32, 3000.0)
+decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
+best = float("inf")
+for _ in range(10):          # best of 10, in this thread's CPU time: the machine's cores are shared
+    t0 = time.thread_time()
+    for _ in range(200):
+        decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
+    best = min(best, (time.thread_time() - t0) / 200)
+print(best)
+"""
+
+
 def test_decode_step_time_is_fast_enough_for_a_des(device):
     if device.name == "toy":
         pytest.skip("timed on shipped devices (the toy's efficiency curves are not what the DES runs)")
-    kv = np.full(32, 3000.0)
-    decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
-    best = float("inf")
-    for _ in range(10):          # best of 10, in CPU time: the machine's cores are shared
-        t0 = time.process_time()
-        for _ in range(200):
-            decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
-        best = min(best, (time.process_time() - t0) / 200)
+    out = subprocess.run([sys.executable, "-c", _TIME_DECODE_STEP, str(device.source_path)],
+                         capture_output=True, text=True, check=True).stdout
+    best = float(out.split()[-1])
     assert best < 50e-6, f"{best * 1e6:.1f} us per call"
 
 
