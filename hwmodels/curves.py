@@ -13,7 +13,8 @@ Two forms, both vectorised numpy (the simulator evaluates millions of points):
   datasheet devices, where the two parameters come from public measurements.
 - `TableCurve`: points (size, fraction) interpolated in log-log space (log fraction
   linear in log size, i.e. a power law between neighbouring points) and held constant
-  beyond the ends. Used for measured (calibrated) devices.
+  beyond the ends. Used for measured (calibrated) devices; with `monotone=False` also for
+  factors keyed by something other than kernel size (attention head width).
 
 Both are non-decreasing in size, and both guarantee that a larger kernel is never
 predicted to finish sooner than a smaller one (size / fraction is non-decreasing). For a
@@ -52,13 +53,16 @@ class SaturatingCurve:
         return {"form": "saturating", "max_fraction": self.max_fraction, "half_size": self.half_size}
 
 
-def check_table(sizes, fractions) -> None:
+def check_table(sizes, fractions, monotone: bool = True) -> None:
     """Raise ValueError (message without location) unless the points form a valid curve.
 
     Besides order and range, checks that no segment rises so steeply that a larger kernel
     would be predicted faster than a smaller one. On a segment the fraction is
     f1 * (s/s1)**a with a = ln(f2/f1) / ln(s2/s1), so time ~ s/f ~ s**(1-a) is
     non-decreasing exactly when a <= 1, i.e. f2/f1 <= s2/s1.
+
+    `monotone=False` skips both shape checks: for tables whose size is not the amount of
+    work (the attention tables are keyed by head width, where no larger-is-slower law holds).
     """
     s = np.asarray(sizes, dtype=np.float64)
     f = np.asarray(fractions, dtype=np.float64)
@@ -70,6 +74,8 @@ def check_table(sizes, fractions) -> None:
         raise ValueError("sizes must be strictly increasing")
     if not np.all(np.isfinite(f)) or np.any(f <= 0) or np.any(f > 1):
         raise ValueError("fractions must be in (0, 1]")
+    if not monotone:
+        return
     if np.any(np.diff(f) < 0):
         i = int(np.argmax(np.diff(f) < 0))
         raise ValueError(f"fractions must not decrease with size (point {i + 1} -> {i + 2})")
@@ -86,9 +92,10 @@ def check_table(sizes, fractions) -> None:
 class TableCurve:
     sizes: tuple[float, ...]
     fractions: tuple[float, ...]
+    monotone: bool = True     # False: any shape (see check_table)
 
     def __post_init__(self):
-        check_table(self.sizes, self.fractions)
+        check_table(self.sizes, self.fractions, self.monotone)
         # Precomputed arrays for np.interp; object.__setattr__ because the dataclass is frozen.
         object.__setattr__(self, "_log_sizes", np.log(np.asarray(self.sizes, dtype=np.float64)))
         object.__setattr__(self, "_log_fractions", np.log(np.asarray(self.fractions, dtype=np.float64)))

@@ -48,6 +48,10 @@ class Device:
     compute_reference_dtype: str | None = None
     # token rows of a weight GEMM -> fraction of peak FLOP/s (None: no skinny-GEMM limit)
     gemm_rows_curve: object = None
+    # head width -> fraction of the streaming rate that eager attention's batched GEMVs over the
+    # KV cache reach: q @ K^T (scores) and p @ V (values); None: they stream like any op
+    attn_scores_curve: object = None
+    attn_values_curve: object = None
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -116,6 +120,19 @@ class Device:
             return None
         return self.gemm_rows_curve(rows)
 
+    def attn_scores_factor(self, head_dim):
+        """Fraction of the streaming rate (memory_bw x bw_efficiency) that q @ K^T over a KV cache
+        of heads `head_dim` wide reaches (interpolated over head width, held beyond the table's
+        ends); 1.0 when the file has no `attn_scores_efficiency` table.
+
+        Eager attention multiplies one query row per KV head by K^T: a batched GEMV whose inner
+        loop is only head_dim long, which on a CPU streams K slower than a weight GEMV streams W."""
+        return _factor(self.attn_scores_curve, head_dim)
+
+    def attn_values_factor(self, head_dim):
+        """The same as attn_scores_factor for p @ V (`attn_values_efficiency`)."""
+        return _factor(self.attn_values_curve, head_dim)
+
     def to_dict(self) -> dict:
         """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""
         return {
@@ -128,6 +145,8 @@ class Device:
             "compute_efficiency": self.compute_curve.to_dict(),
             "compute_reference_dtype": self.compute_reference_dtype,
             "gemm_rows_efficiency": None if self.gemm_rows_curve is None else self.gemm_rows_curve.to_dict(),
+            "attn_scores_efficiency": None if self.attn_scores_curve is None else self.attn_scores_curve.to_dict(),
+            "attn_values_efficiency": None if self.attn_values_curve is None else self.attn_values_curve.to_dict(),
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
             "content_hash": self.content_hash,
@@ -135,3 +154,11 @@ class Device:
             "sources": dict(self.sources),
             "notes": self.notes,
         }
+
+
+def _factor(curve, head_dim):
+    """curve(head_dim) as a float for a scalar (array for an array); 1.0 without a curve."""
+    if curve is None:
+        return 1.0 if np.ndim(head_dim) == 0 else np.ones(np.shape(head_dim))
+    value = curve(head_dim)
+    return float(value) if np.ndim(value) == 0 else value

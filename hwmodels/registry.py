@@ -71,6 +71,7 @@ def load_device(name_or_path) -> Device:
         content_hash=hashlib.sha256(raw).hexdigest()[:16], source_path=str(path),
         sources=parsed.sources, notes=parsed.notes, calibration=parsed.calibration,
         compute_reference_dtype=parsed.compute_reference_dtype,
-        gemm_rows_curve=parsed.gemm_rows_curve)
+        gemm_rows_curve=parsed.gemm_rows_curve, attn_scores_curve=parsed.attn_scores_curve,
+        attn_values_curve=parsed.attn_values_curve)
     _cache[key] = device
     return device

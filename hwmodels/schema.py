@@ -27,6 +27,16 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
       size_unit: rows
       points: [[1, 0.05], [8, 0.15], [64, 0.6]]
       source: ...
+    attn_scores_efficiency:  # optional: fraction of the streaming (GEMV) rate that eager attention's
+      form: table            # q @ K^T over the KV cache reaches, vs head width (any shape allowed)
+      size_unit: head_dim
+      points: [[64, 0.65], [128, 1.0]]
+      source: ...
+    attn_values_efficiency:  # optional: the same for p @ V
+      form: table
+      size_unit: head_dim
+      points: [[64, 0.9], [128, 1.0]]
+      source: ...
     launch_overhead: {value: 4, unit: us, source: ...}   # per kernel
     host_overhead:   {value: 1, unit: ms, source: ...}   # per step
     notes: optional free text
@@ -48,14 +58,16 @@ SCHEMA_VERSION = 1
 REQUIRED = ("schema_version", "name", "description", "memory_capacity", "memory_bandwidth",
             "peak_flops", "bw_efficiency", "compute_efficiency", "launch_overhead",
             "host_overhead")
-OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency")
+ATTN_TABLES = ("attn_scores_efficiency", "attn_values_efficiency")
+OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES)
 QUANTITY_KEYS = ("value", "unit", "source")
-CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows"}
+CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows",
+                   **{key: "head_dim" for key in ATTN_TABLES}}
 # Provenance and raw medians written by hwmodels.calibrate; kept for re-fitting, not read
 # by the model.
 CALIBRATION_KEYS = ("tool", "mode", "device", "host", "date", "wall_time_s", "env", "versions",
                     "repeats", "statistic", "load_average", "last_level_cache", "pool_bytes",
-                    "fit", "series")
+                    "fit", "series", "merged_from")
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,8 @@ class ParsedFile:
     calibration: dict | None
     compute_reference_dtype: str | None = None
     gemm_rows_curve: object = None
+    attn_scores_curve: object = None    # head width -> fraction of the streaming rate (q @ K^T)
+    attn_values_curve: object = None    # the same for p @ V
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -195,11 +209,12 @@ class _Reader:
                 sizes.append(self.number(point[0], f"{key}.points[{i}]") * scale)
                 fractions.append(self.number(point[1], f"{key}.points[{i}]"))
             try:
-                check_table(sizes, fractions)
+                check_table(sizes, fractions, monotone=key not in ATTN_TABLES)
             except ValueError as exc:
                 self.fail(f"{key}.points", str(exc))
             self.sources[key] = self.text(spec, "source", f"{key}.source")
-            return TableCurve(tuple(sizes), tuple(fractions))
+            # head-width tables: a factor per width, not a size curve, so any shape is valid
+            return TableCurve(tuple(sizes), tuple(fractions), monotone=key not in ATTN_TABLES)
         self.fail(f"{key}.form", f"unknown curve form {form!r}; expected saturating or table")
 
 
@@ -235,6 +250,7 @@ def parse(data: dict, path) -> ParsedFile:
             r.fail("compute_efficiency.reference_dtype",
                    f"must name a dtype listed under peak_flops ({', '.join(flops)}), got {_describe(reference)}")
     rows_curve = r.curve(data, "gemm_rows_efficiency") if "gemm_rows_efficiency" in data else None
+    scores_curve, values_curve = (r.curve(data, key) if key in data else None for key in ATTN_TABLES)
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
 
@@ -243,7 +259,8 @@ def parse(data: dict, path) -> ParsedFile:
     if calibration is not None:
         r.keys(calibration, "calibration", (), CALIBRATION_KEYS)
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
-                      launch, host, r.sources, notes, calibration, reference, rows_curve)
+                      launch, host, r.sources, notes, calibration, reference, rows_curve,
+                      attn_scores_curve=scores_curve, attn_values_curve=values_curve)
 
 
 def _describe(value) -> str:

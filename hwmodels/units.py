@@ -42,6 +42,7 @@ KINDS: dict[str, dict[str, float]] = {
     "time": TIME,
     "fraction": FRACTION,
     "rows": {"rows": 1.0},
+    "head_dim": {"head_dim": 1.0},
 }
 KIND_WORDS = {
     "size": "a size in bytes",
@@ -51,6 +52,7 @@ KIND_WORDS = {
     "time": "a time",
     "fraction": "a fraction",
     "rows": "a count of token rows",
+    "head_dim": "an attention head width in elements",
 }
 # Units shown in error messages (the full tables are long).
 SHOWN = {
@@ -61,6 +63,7 @@ SHOWN = {
     "time": "s, ms, us, ns",
     "fraction": "none (a plain number)",
     "rows": "rows",
+    "head_dim": "head_dim",
 }
 
 

@@ -62,6 +62,10 @@ class Setup:
     peak_gemm: float
     peak_vector: float
     host_s: float
+    # fractions of the streaming rate reached by the attention GEMVs over the KV cache at this
+    # model's head width (Op.kv_stream); 1.0 on devices without the tables
+    attn_scores_factor: float = 1.0
+    attn_values_factor: float = 1.0
 
 
 _SETUP_CACHE: dict = {}
@@ -82,11 +86,19 @@ def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", p
     setup = Setup(hw=hw_obj, model=model_obj, policy=kvlen.check_policy(policy), weight_dtype=wd, kv_dtype=kd,
                   act_dtype=ad, profile=prof, wb=dtype_bytes(wd), kvb=dtype_bytes(kd), ab=dtype_bytes(ad),
                   peak_gemm=float(hw_obj.peak_flops(wd)), peak_vector=float(hw_obj.peak_flops(ad)),
-                  host_s=float(hw_obj.host_overhead_s) + prof.extra_host_overhead_s)
+                  host_s=float(hw_obj.host_overhead_s) + prof.extra_host_overhead_s,
+                  **_attn_factors(hw_obj, model_obj.head_dim))
     if len(_SETUP_CACHE) > 4096:
         _SETUP_CACHE.clear()
     _SETUP_CACHE[key] = (setup, hw, model)    # holding hw/model keeps their ids valid
     return setup
+
+
+def _attn_factors(hw, head_dim) -> dict:
+    """Setup fields of the KV-stream factors, looked up once per setup (step_time_scalar is a DES hot
+    path). Devices without the methods (test doubles) stream the cache like any op."""
+    factor = lambda name: float(getattr(hw, name, lambda d: 1.0)(head_dim))
+    return {"attn_scores_factor": factor("attn_scores_factor"), "attn_values_factor": factor("attn_values_factor")}
 
 
 def make_ctx(s: Setup, phase, batch, beams, new_tokens, past_tokens, cache_ratio=1.0, recent_ratio=0.3,
@@ -150,6 +162,16 @@ def _gemm_rows_limit(hw, ops, eff):
     return eff
 
 
+def _kv_stream_factors(s: Setup, ops) -> list | None:
+    """Per op, the factor its streaming efficiency is multiplied by (Op.kv_stream; 1.0 for the rest),
+    or None when every factor is 1 (devices without attention tables: nothing to do). Factors are
+    in (0, 1], so they only slow ops down: the bytes / bandwidth floor still holds."""
+    if s.attn_scores_factor == 1.0 and s.attn_values_factor == 1.0:
+        return None
+    by_kind = {"scores": s.attn_scores_factor, "values": s.attn_values_factor}
+    return [by_kind.get(op.kv_stream, 1.0) for op in ops]
+
+
 def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
     """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
 
@@ -166,7 +188,11 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
     t_compute = flops / (peak * _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), peak)))
-    t_memory = nbytes / (hw.memory_bw * hw.bw_efficiency(np.maximum(nbytes, 1.0)))
+    b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0))
+    kv_factors = _kv_stream_factors(s, ops)
+    if kv_factors is not None:
+        b_eff = b_eff * np.array(kv_factors).reshape(-1, *extra)
+    t_memory = nbytes / (hw.memory_bw * b_eff)
     per_op = (np.maximum(t_compute, t_memory) + launches * hw.launch_overhead_s) * mult
     parts = {"flops": flops, **byte_parts}
     fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
@@ -186,6 +212,9 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     peaks = [s.peak_gemm if op.gemm else s.peak_vector for op in ops]
     c_eff = _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), np.array(peaks, dtype=float))).tolist()
     b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0)).tolist()
+    kv_factors = _kv_stream_factors(s, ops)
+    if kv_factors is not None:
+        b_eff = [be * f for be, f in zip(b_eff, kv_factors)]
     bw, launch, n_layers = hw.memory_bw, hw.launch_overhead_s, s.model.n_layers
     total = s.host_s if host else 0.0
     for op, f, b, ce, be in zip(ops, flops, nbytes, c_eff, b_eff):

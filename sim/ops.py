@@ -38,6 +38,9 @@ class Op:
     launches: float = 1.0
     gemm: bool = False          # True: runs at the weight dtype's peak; else at the activation dtype's
     rows: Any = None            # gemm: token rows multiplied by the weight (skinny-GEMM efficiency)
+    # "scores" (q @ K^T) or "values" (p @ V): streams the KV cache as a batched GEMV, which may run
+    # below the weight-GEMV rate (hwmodels Device.attn_scores_factor / attn_values_factor)
+    kv_stream: str | None = None
 
 
 @dataclass(slots=True)
@@ -118,12 +121,12 @@ def attention_ops(ctx: OpContext) -> list[Op]:
            launches=_launch(ctx, "kv_write")),
         Op("attn_scores", True, flops=2 * score_elems * hd,
            act_bytes=rows * q * h * hd * ab + new_kv * ab + score_elems * mat,
-           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_scores")),
+           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_scores"), kv_stream="scores"),
         Op("softmax", True, flops=SOFTMAX_FLOPS * score_elems, act_bytes=2 * score_elems * mat,
            launches=_launch(ctx, "softmax")),
         Op("attn_v", True, flops=2 * score_elems * hd,
            act_bytes=new_kv * ab + rows * q * h * hd * ab + score_elems * mat,
-           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_v")),
+           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_v"), kv_stream="values"),
     ]
 
 

@@ -19,6 +19,13 @@ Output, one trace-style folder per model under `--out` (default `traces/data/cpu
 The folder is rewritten atomically after every point; an interrupted run keeps finished points and a
 rerun measures only the missing ones (it refuses to mix points measured under different settings).
 
+Rounds (`--rounds R`): the machine drifts (a shared VM's memory bandwidth moves by tens of percent over tens
+of seconds), so a point measured once samples one phase. With R > 1 the grid is visited round-robin, every
+model and point once per round, and each row's statistics are over the samples of all its rounds (raw
+samples are kept, so a rerun with a higher R adds rounds). `--calibrate FILE.yaml` runs the hwmodels
+microbenchmarks before every round and writes FILE.yaml as their median: the hardware file then describes
+the same phases the points saw (its inputs are still microbenchmarks only, never the points).
+
 Timing discipline: OMP_WAIT_POLICY=ACTIVE is set before torch loads (unless the caller set it), the thread
 count is fixed (`--threads`, default 1: on a shared 2-core machine one thread is the setting whose timings
 do not collapse when a neighbour takes a core), every point runs warm-up steps first and reports the
@@ -63,9 +70,13 @@ TORCH_DTYPES = ("fp32", "bf16", "fp16")
 # `slots` is the cache buffer length attention actually ran over (>= kv_tokens: the slot cache keeps free
 # slots for growth and for the incoming token).
 KEY_COLUMNS = ("phase", "policy", "cache_ratio", "batch", "context")
+# With --rounds, the statistics are over the samples of every round (`rounds` of them so far); the raw
+# samples are kept (`samples_s`, `cpu_samples_s`: space-separated, `repeats` per round, round after round)
+# so a resumed run can add rounds and recompute them; `round_medians_s` shows the drift between rounds.
 TIMING_COLUMNS = KEY_COLUMNS + (
     "kv_tokens", "slots", "median_s", "p10_s", "p90_s", "mean_s", "min_s", "cpu_median_s", "peak_mem_bytes",
-    "repeats", "warmup", "threads", "omp_wait_policy", "dtype", "load_1min", "measured_at")
+    "repeats", "warmup", "threads", "omp_wait_policy", "dtype", "load_1min", "measured_at",
+    "rounds", "round_medians_s", "samples_s", "cpu_samples_s")
 
 
 class TimingError(ValueError):
@@ -319,7 +330,39 @@ def _summary(times: list[float], cpu_times: list[float]) -> dict:
     arr = np.asarray(times, dtype=float)
     return {"median_s": float(np.median(arr)), "p10_s": float(np.percentile(arr, 10)),
             "p90_s": float(np.percentile(arr, 90)), "mean_s": float(arr.mean()), "min_s": float(arr.min()),
-            "cpu_median_s": float(np.median(cpu_times))}
+            "cpu_median_s": float(np.median(cpu_times)),
+            "samples_s": [float(t) for t in times], "cpu_samples_s": [float(t) for t in cpu_times]}
+
+
+def _encode(values) -> str:
+    """Samples as text (parquet and csv both keep it): repr round-trips every float exactly."""
+    return " ".join(repr(float(v)) for v in values)
+
+
+def _decode(text) -> list[float]:
+    return [float(v) for v in text.split()] if isinstance(text, str) else []
+
+
+def rounds_of(row: dict) -> int:
+    """Rounds a row holds; a row written before rounds were recorded holds one."""
+    value = row.get("rounds")
+    return 1 if value is None or pd.isna(value) else int(value)
+
+
+def add_round(previous: dict | None, point: dict, result: dict, repeats: int) -> dict:
+    """The point's row after one more round: `result` (a time_decode/time_prefill dict, raw samples
+    included) appended to the samples of `previous` (None for the first round), statistics recomputed
+    over all of them."""
+    wall = (_decode(previous["samples_s"]) if previous else []) + result["samples_s"]
+    cpu = (_decode(previous["cpu_samples_s"]) if previous else []) + result["cpu_samples_s"]
+    rounds = len(wall) // repeats
+    medians = [float(np.median(wall[r * repeats:(r + 1) * repeats])) for r in range(rounds)]
+    return point | result | _summary(wall, cpu) | {
+        # the policy's bookkeeping is deterministic: kv_tokens is the same every round
+        "slots": max(int(result["slots"]), int(previous["slots"]) if previous else -1),
+        "peak_mem_bytes": max(int(result["peak_mem_bytes"]), int(previous["peak_mem_bytes"]) if previous else -1),
+        "rounds": rounds, "round_medians_s": " ".join(f"{m:.6g}" for m in medians),
+        "samples_s": _encode(wall), "cpu_samples_s": _encode(cpu)}
 
 
 # --- the output folder -------------------------------------------------------------------------------
@@ -332,7 +375,9 @@ class TimingFolder:
     manifest: dict = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: Path, settings: dict, fresh: bool) -> "TimingFolder":
+    def open(cls, path: Path, settings: dict, fresh: bool, rounds: int = 1) -> "TimingFolder":
+        """Rounds are not a setting that must match: a higher --rounds adds rounds to finished points; a
+        lower one is refused (the folder would mix points averaged over different numbers of rounds)."""
         folder = cls(Path(path))
         manifest_path = folder.path / "manifest.json"
         if fresh or not manifest_path.exists():
@@ -349,12 +394,23 @@ class TimingFolder:
             what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise TimingError(f"{folder.path} was measured under other settings ({what}); "
                               "rerun with the same settings or with --fresh")
+        before = int(manifest.get("rounds", 1))
+        if rounds < before:
+            raise TimingError(f"{folder.path} was measured with --rounds {before}; rerun with --rounds >= {before} "
+                              "or with --fresh")
         folder.rows = table.to_dict("records")
+        if rounds > 1 and any(not isinstance(r.get("samples_s"), str) for r in folder.rows):
+            raise TimingError(f"{folder.path} holds points measured before samples were stored: more rounds "
+                              "cannot be added to them; rerun with --fresh")
         folder.manifest = manifest
         return folder
 
-    def done(self) -> set[tuple]:
-        return {_key(r) for r in self.rows}
+    def done(self, rounds: int = 1) -> set[tuple]:
+        """Keys of the points that hold at least `rounds` rounds."""
+        return {_key(r) for r in self.rows if rounds_of(r) >= rounds}
+
+    def row(self, point: dict) -> dict | None:
+        return next((r for r in self.rows if _key(r) == _key(point)), None)
 
     def add(self, row: dict) -> None:
         self.rows = [r for r in self.rows if _key(r) != _key(row)] + [row]
@@ -407,56 +463,154 @@ def environment(grid: TimingGrid) -> dict:
     return env
 
 
-def measure_model(name: str, config: dict, grid: TimingGrid, out: Path, hw_device: str, fresh: bool,
-                  progress, priority: str = "default") -> Path:
-    """Measure every missing point of `grid` for one model into `out/name`; returns the folder."""
-    import torch
+@dataclass
+class ModelRun:
+    """One model of the grid across the rounds: its folder stays open (and its rows in memory) between them."""
+    name: str
+    config: dict
+    folder: TimingFolder
+    hw_device: str      # as the manifest names it (a hardware file: relative to the folder)
 
-    folder = TimingFolder.open(out / name, grid.settings(), fresh)
+
+def open_run(name: str, config: dict, grid: TimingGrid, out: Path, hw_device: str, fresh: bool,
+             rounds: int) -> ModelRun:
+    folder = TimingFolder.open(out / name, grid.settings(), fresh, rounds)
     if hw_device.endswith((".yaml", ".yml")):   # a hardware file path: stored relative to the folder
         hw_device = os.path.relpath(Path(hw_device).resolve(), (out / name).resolve())
-    todo = [p for p in grid.prefill_points() + grid.decode_points() if _key(p) not in folder.done()]
-    progress.update(len(grid.prefill_points()) + len(grid.decode_points()) - len(todo))
-    if not todo:
-        return folder.path
-    torch.set_num_threads(grid.threads)
-    model = build_model(config, grid.dtype, grid.device, grid.seed)
+    return ModelRun(name, config, folder, hw_device)
+
+
+def rounds_done(run: ModelRun, grid: TimingGrid, rounds: int) -> int:
+    """Point-rounds of the grid already in the folder (for the progress bar)."""
+    points = grid.prefill_points() + grid.decode_points()
+    return sum(min(rounds_of(row), rounds) for row in (run.folder.row(p) for p in points) if row is not None)
+
+
+def build_manifest(run: ModelRun, model, grid: TimingGrid, rounds: int, priority: str) -> dict:
     from sim.models import spec_from_config  # the same reader the simulator uses: shapes cannot drift
-    spec = spec_from_config(config, name)
-    started = time.time()
-    manifest = {
+    spec = spec_from_config(run.config, run.name)
+    return {
         "schema_version": SCHEMA_VERSION, "kind": KIND,
-        "model": {"name": name, "source": config.get("_source", ""), "trained": False,
+        "model": {"name": run.name, "source": run.config.get("_source", ""), "trained": False,
                   "n_params": int(sum(p.numel() for p in model.parameters())), "spec": spec.to_dict()},
-        "hw_device": hw_device, "software": "kvsim-eager", "device": grid.device, "dtype": grid.dtype, "seed": grid.seed,
+        "hw_device": run.hw_device, "software": "kvsim-eager", "device": grid.device, "dtype": grid.dtype,
+        "seed": grid.seed,
         "grid_settings": grid.settings(),
+        "rounds": rounds,
         "grid": {"batches": list(grid.batches), "contexts": list(grid.contexts),
                  "policies": [p.label() for p in grid.policies], "prefill_contexts": list(grid.prefill_contexts)},
         "env": environment(grid) | {"scheduling": priority},
         "clock": "median_s etc.: time.perf_counter wall clock (synchronised on CUDA); cpu_median_s: "
                  "time.thread_time of the calling thread",
         "what": "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
-                "(phase decode) or of keyformer.generate.prefill (phase prefill); random weights",
-        "created": folder.manifest.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "(phase decode) or of keyformer.generate.prefill (phase prefill); random weights; with "
+                "rounds > 1, statistics over the samples of every round (the grid is revisited round-robin)",
+        "created": run.folder.manifest.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    wall_before = float(folder.manifest.get("wall_time_s", 0.0))
+
+
+def measure_round(run: ModelRun, grid: TimingGrid, rnd: int, rounds: int, progress,
+                  priority: str = "default") -> None:
+    """Give every point of `grid` that holds fewer than `rnd` rounds one more round, written point by point."""
+    import torch
+
+    todo = [p for p in grid.prefill_points() + grid.decode_points() if _key(p) not in run.folder.done(rnd)]
+    if not todo:
+        return
+    torch.set_num_threads(grid.threads)
+    # Rebuilt every round (same seed, same weights): one model in memory at a time, whatever the grid.
+    model = build_model(run.config, grid.dtype, grid.device, grid.seed)
+    manifest = build_manifest(run, model, grid, rounds, priority)
+    started, wall_before = time.time(), float(run.folder.manifest.get("wall_time_s", 0.0))
     for point in todo:
-        progress.set_postfix_str(f"{name} {point['phase']} {point['policy']}:{point['cache_ratio']:g} "
-                                 f"b{point['batch']} n{point['context']}")
+        progress.set_postfix_str(f"{run.name} round {rnd}/{rounds} {point['phase']} {point['policy']}:"
+                                 f"{point['cache_ratio']:g} b{point['batch']} n{point['context']}")
         if point["phase"] == "prefill":
             result = time_prefill(model, point["context"], grid)
         else:
             result = time_decode(model, PolicyPoint(point["policy"], point["cache_ratio"]),
                                  point["batch"], point["context"], grid)
-        folder.add(point | result | {
+        run.folder.add(add_round(run.folder.row(point), point, result, grid.repeats) | {
             "repeats": grid.repeats, "warmup": grid.warmup, "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "dtype": grid.dtype,
             "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         manifest["wall_time_s"] = round(wall_before + time.time() - started, 1)
-        folder.write(manifest, config)
+        run.folder.write(manifest, run.config)
         progress.update(1)
-    return folder.path
+
+
+@dataclass
+class RoundCalibration:
+    """--calibrate FILE: the hwmodels.calibrate microbenchmarks before every round, so the hardware file
+    sees the same machine phases as the points; after the last round FILE is their merge (median per
+    series and size). Each round's file stays in `folder`, so a resumed run calibrates only new rounds."""
+    target: Path
+    folder: Path        # <out>/calibration-rounds
+    device: str         # "cpu" or "cuda"
+    quick: bool
+    threads: int
+    calibrated: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
+
+    def path(self, rnd: int) -> Path:
+        return self.folder / f"round-{rnd}.yaml"
+
+    def clear(self) -> None:
+        """--fresh: an earlier run's calibrations belong to the points it measured."""
+        for old in self.folder.glob("round-*.yaml"):
+            old.unlink()
+
+    def before_round(self, rnd: int, progress) -> None:
+        if self.path(rnd).is_file():
+            self.kept.append(rnd)
+            return
+        import torch
+        from hwmodels.calibrate.cli import measure, write_calibration
+        from hwmodels.errors import HardwareFileError
+
+        torch.set_num_threads(self.threads)   # calibrated with the thread count the points use
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            cal = measure(self.device, self.quick, os.environ.get("OMP_WAIT_POLICY", "unset"),
+                          lambda label: progress.set_postfix_str(f"calibrate round {rnd}: {label}"),
+                          say=progress.write)
+            write_calibration(cal, f"{self.target.stem}-round-{rnd}", self.path(rnd))
+        except (RuntimeError, OSError, HardwareFileError) as exc:
+            raise TimingError(f"calibration before round {rnd} failed: {str(exc).splitlines()[0]}") from None
+        self.calibrated.append(rnd)
+
+    def merge(self, rounds: int) -> str:
+        from hwmodels.calibrate.merge import merge_files
+        try:
+            merge_files([self.path(r) for r in range(1, rounds + 1)], self.target, self.target.stem)
+        except (OSError, ValueError) as exc:
+            raise TimingError(f"merging the round calibrations into {self.target} failed: {exc}") from None
+        return (f"calibration: rounds {_listing(self.calibrated)} calibrated now, {_listing(self.kept)} kept "
+                f"from an earlier run; {self.target} = median over {rounds} round(s)")
+
+
+def _listing(rounds: list) -> str:
+    return ", ".join(map(str, rounds)) or "none"
+
+
+def measure_grid(models: list, grid: TimingGrid, out: Path, hw_device: str, fresh: bool, rounds: int,
+                 progress, priority: str = "default", calibration: RoundCalibration | None = None) -> list:
+    """Round-robin over the grid: round r visits every model and point once (a point holding fewer
+    than r rounds gets one more) before round r+1 starts, so every point samples every phase of a
+    drifting machine. Returns the runs (folders)."""
+    runs = [open_run(name, config, grid, Path(out), hw_device, fresh, rounds) for name, config in models]
+    if calibration is not None and fresh:
+        calibration.clear()
+    progress.update(sum(rounds_done(run, grid, rounds) for run in runs))
+    for rnd in range(1, rounds + 1):
+        if calibration is not None:
+            calibration.before_round(rnd, progress)
+        for run in runs:
+            measure_round(run, grid, rnd, rounds, progress, priority)
+    if calibration is not None:
+        progress.write(calibration.merge(rounds))
+    return runs
 
 
 # --- CLI ---------------------------------------------------------------------------------------------
@@ -500,6 +654,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu)")
     p.add_argument("--fresh", action="store_true", help="discard finished points instead of resuming")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure the grid round-robin this many times (every model and point once per round); "
+                        "statistics over all rounds' samples. A higher value on a finished folder adds rounds")
+    p.add_argument("--calibrate", type=Path, default=None, metavar="FILE.yaml",
+                   help="run the hwmodels.calibrate microbenchmarks before every round (kept in "
+                        "<out>/calibration-rounds/) and write FILE.yaml, their merge, as the hardware file the "
+                        "points are predicted on (replaces --hw)")
+    p.add_argument("--quick-calibration", action="store_true",
+                   help="with --calibrate: the quick plan (seconds, warm caches): for tests, not for predictions")
     p.add_argument("--high-priority", action="store_true",
                    help="autogroup nice -20 and nice -20 (Linux, root); with `setsid` in front, on a shared "
                         "machine one thread then keeps a core to itself")
@@ -541,6 +704,25 @@ def default_hw(threads: int) -> str:
     return "cpu-local"
 
 
+def round_calibration(args, grid: TimingGrid, out: Path) -> RoundCalibration | None:
+    """The --calibrate plan (None without it), its arguments checked."""
+    if args.calibrate is None:
+        if args.quick_calibration:
+            raise TimingError("--quick-calibration needs --calibrate FILE.yaml")
+        return None
+    target = Path(args.calibrate)
+    if args.hw is not None:
+        raise TimingError("--calibrate FILE.yaml writes the hardware file the points are predicted on: drop --hw")
+    if target.suffix not in (".yaml", ".yml"):
+        raise TimingError(f"--calibrate must end in .yaml or .yml, got {target}")
+    if not target.parent.is_dir():
+        raise TimingError(f"--calibrate: directory {target.parent} does not exist")
+    if not target.stem or any(c.isspace() for c in target.stem):
+        raise TimingError(f"--calibrate: the file name names the device; one word please, got {target.name!r}")
+    device = "cuda" if grid.device.startswith("cuda") else "cpu"
+    return RoundCalibration(target, out / "calibration-rounds", device, args.quick_calibration, grid.threads)
+
+
 def _interrupt_on_term(signum, frame):
     raise KeyboardInterrupt
 
@@ -564,8 +746,11 @@ def _main(argv: list[str] | None) -> int:
         if args.device != "cpu" and (args.out is None or args.hw is None):
             raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
         out = args.out if args.out is not None else DEFAULT_OUT
-        hw_device = args.hw or default_hw(grid.threads)
-        if hw_device.endswith((".yaml", ".yml")):
+        if args.rounds < 1:
+            raise TimingError(f"--rounds must be >= 1, got {args.rounds}")
+        calibration = round_calibration(args, grid, Path(out))
+        hw_device = str(args.calibrate) if calibration else (args.hw or default_hw(grid.threads))
+        if hw_device.endswith((".yaml", ".yml")) and calibration is None:
             if not Path(hw_device).is_file():
                 raise TimingError(f"--hw {hw_device}: no such hardware file")
         models = [resolve_config(m) for m in (args.model or DEFAULT_MODELS)]
@@ -582,13 +767,15 @@ def _main(argv: list[str] | None) -> int:
                                   f"(context {max(grid.contexts)} + {grid.warmup + grid.repeats + 1} steps): "
                                   "lower --context or raise the position limit in its config")
         for name, _ in models:   # refuse to mix settings before any bar or measurement starts
-            TimingFolder.open(Path(out) / name, grid.settings(), args.fresh)
+            TimingFolder.open(Path(out) / name, grid.settings(), args.fresh, args.rounds)
         from tqdm import tqdm
-        total = len(models) * (len(grid.decode_points()) + len(grid.prefill_points()))
-        with tqdm(total=total, desc="timing", unit="pt", file=sys.stderr, dynamic_ncols=True) as progress:
-            for name, config in models:
-                folder = measure_model(name, config, grid, Path(out), hw_device, args.fresh, progress, priority)
-                progress.write(f"{name}: {folder}")
+        total = args.rounds * len(models) * (len(grid.decode_points()) + len(grid.prefill_points()))
+        with tqdm(total=total, desc="timing" if args.rounds == 1 else f"timing x{args.rounds} rounds", unit="pt",
+                  file=sys.stderr, dynamic_ncols=True) as progress:
+            runs = measure_grid(models, grid, Path(out), hw_device, args.fresh, args.rounds, progress, priority,
+                                calibration)
+            for run in runs:
+                progress.write(f"{run.name}: {run.folder.path}")
     except (TimingError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

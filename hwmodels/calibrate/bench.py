@@ -88,6 +88,31 @@ class BufferPool:
         return [v.view(shape) for v in views] if shape else views
 
 
+def run_attention(plan: Plan, pool: BufferPool, head_dim: int, timer, new, tick) -> None:
+    """Eager attention's two batched GEMVs over a KV cache of heads `head_dim` wide (keyformer
+    attend(): one query row per KV head at decode), K and V rotating through the pool so they
+    stream from memory as a long cache does. Series attn_scores_<dtype>_d<d> (q @ K^T) and
+    attn_values_<dtype>_d<d> (p @ V); size = bytes of K (or V)."""
+    dtype, device, heads = plan.primary_dtype, plan.device, plan.attn_heads
+    tdtype = TORCH_DTYPES[dtype]
+    element = torch.finfo(tdtype).bits // 8
+    scores = new(f"attn_scores_{dtype}_d{head_dim}", f"torch.matmul(q[{heads}, 1, {head_dim}], "
+                 f"K[{heads}, S, {head_dim}].transpose(-1, -2)) in {dtype}, K rotating through the pool; "
+                 "bytes = size of K", "bytes")
+    values = new(f"attn_values_{dtype}_d{head_dim}", f"torch.matmul(p[{heads}, 1, S], V[{heads}, S, "
+                 f"{head_dim}]) in {dtype}, V rotating through the pool; bytes = size of V", "bytes")
+    q = torch.ones(heads, 1, head_dim, dtype=tdtype, device=device)
+    for nbytes in plan.attn_kv_bytes:
+        seq = plan.attn_seq_len(nbytes, head_dim)
+        size = heads * seq * head_dim * element
+        caches = itertools.cycle(pool.views(size, tdtype, (heads, seq, head_dim)))
+        p = torch.ones(heads, 1, seq, dtype=tdtype, device=device)
+        scores.add(size, median_seconds(lambda: torch.matmul(q, next(caches).transpose(-1, -2)), timer, plan))
+        tick(f"attn scores d={head_dim} S={seq}")
+        values.add(size, median_seconds(lambda: torch.matmul(p, next(caches)), timer, plan))
+        tick(f"attn values d={head_dim} S={seq}")
+
+
 def run_all(plan: Plan, progress=None, timer=None) -> dict:
     """Run every benchmark of the plan; returns name -> Series. `progress(label)` is called
     after each point; `timer` defaults to the device's own."""
@@ -159,6 +184,8 @@ def run_all(plan: Plan, progress=None, timer=None) -> dict:
             x = torch.ones(rows, n, dtype=tdtype, device=device)
             skinny.add(rows, median_seconds(lambda: F.linear(x, next(weights)), timer, plan))
             tick(f"skinny {dtype} n={n} M={rows}")
+    for d in plan.attn_head_dims:
+        run_attention(plan, pool, d, timer, new, tick)
     del pool
     for dtype, sizes in plan.gemm_sizes.items():
         gemm = new(f"gemm_{dtype}", f"F.linear(A[n, n], B[n, n]) in {dtype}; FLOPs = 2 n^3", "flops")

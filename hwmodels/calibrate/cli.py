@@ -1,4 +1,5 @@
-"""`python -m hwmodels.calibrate --device cpu|cuda [--out FILE] [--name NAME] [--quick]`."""
+"""`python -m hwmodels.calibrate --device cpu|cuda [--out FILE] [--name NAME] [--quick]`,
+or `python -m hwmodels.calibrate --merge A.yaml B.yaml [...] --out FILE [--name NAME]` (no torch)."""
 from __future__ import annotations
 
 import datetime
@@ -7,6 +8,7 @@ import platform
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy
@@ -17,7 +19,8 @@ from ..units import format_quantity
 from . import hostinfo
 from .document import Provenance, build_document, write_and_check
 from .fit import fit, human_bytes
-from .plan import make_plan
+from .merge import merge_files
+from .plan import Plan, make_plan
 
 
 def prepare_openmp() -> str:
@@ -73,16 +76,27 @@ def parse_args(argv):
     parser = OneLineParser(
         prog="python -m hwmodels.calibrate",
         description="Measure the local device with microbenchmarks (read/copy bandwidth, GEMV and GEMM "
-                    "over sizes, dispatch overhead) and write a hardware file of the hwmodels schema.")
-    parser.add_argument("--device", required=True, choices=("cpu", "cuda"))
+                    "over sizes, dispatch overhead) and write a hardware file of the hwmodels schema; or "
+                    "merge several such files (--merge) into their per-point median.")
+    parser.add_argument("--device", choices=("cpu", "cuda"))
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE",
+                        help="calibrated files of one device, thread count and mode: write the median of "
+                             "their raw series, refitted (no measurement, no torch)")
     parser.add_argument("--out", type=Path, help="output YAML (default: ./<name>.yaml); to ship it as a "
                         "device, write hwmodels/devices/<name>.yaml")
-    parser.add_argument("--name", help="device name in the file (default: <device>-local)")
+    parser.add_argument("--name", help="device name in the file (default: <device>-local, or the first "
+                        "merged file's name)")
     parser.add_argument("--quick", action="store_true",
                         help="a few seconds, few sizes, warm caches: for tests, not for predictions")
     args = parser.parse_args(argv)
-    args.name = args.name or f"{args.device}-local"
-    if not args.name or any(c.isspace() or c in "/\\" for c in args.name):
+    if (args.device is None) == (args.merge is None):
+        parser.error("give either --device (measure) or --merge FILE... (combine calibrations)")
+    if args.merge and args.quick:
+        parser.error("--quick measures; it has no meaning with --merge")
+    if args.merge and args.out is None:
+        parser.error("--merge needs --out")
+    args.name = args.name or (None if args.merge else f"{args.device}-local")
+    if args.name is not None and (not args.name or any(c.isspace() or c in "/\\" for c in args.name)):
         parser.error(f"--name must be one word without slashes, got {args.name!r}")
     args.out = args.out or Path(f"{args.name}.yaml")
     if args.out.suffix not in (".yaml", ".yml"):
@@ -92,58 +106,103 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    omp = prepare_openmp()
+@dataclass
+class Calibration:
+    """One run of the microbenchmarks: the raw series and everything the file says about them."""
+    series: dict
+    prov: Provenance
+    facts: dict
+    plan: Plan
+
+
+def measure(device: str, quick: bool, omp: str, progress=None, say=None) -> Calibration:
+    """Run the plan's microbenchmarks in this process (torch threads as currently set).
+    `progress(label)` is called after each point, `say(line)` for the start line and warnings.
+    Raises RuntimeError when a benchmark fails (e.g. out of memory for the buffer pool)."""
+    say = say or (lambda line: print(line, file=sys.stderr))
     started = time.perf_counter()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load_before = hostinfo.load_average()
-    torch = import_torch(args.device)
-    from tqdm import tqdm
+    torch = import_torch(device)
 
     from .bench import make_timer, run_all
 
-    plan = make_plan(args.device, args.quick)
-    facts = device_facts(args.device, torch)
-    print(f"calibrating {args.device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load average {load_before}", file=sys.stderr)
-    if args.device == "cpu" and load_before and load_before[0] > hostinfo.BUSY_LOAD:
+    plan = make_plan(device, quick)
+    facts = device_facts(device, torch)
+    say(f"calibrating {device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, load average {load_before}")
+    if device == "cpu" and load_before and load_before[0] > hostinfo.BUSY_LOAD:
         # Spinning OpenMP threads that lose their core stall a parallel op for a scheduler
         # tick (~4-16 ms): timings under load are inflated, sometimes by orders of magnitude.
-        print(f"warning: load average {load_before[0]} before start: other processes compete for "
-              f"the {os.cpu_count()} CPUs and will inflate the timings; rerun on a quiet machine",
-              file=sys.stderr)
+        say(f"warning: load average {load_before[0]} before start: other processes compete for "
+            f"the {os.cpu_count()} CPUs and will inflate the timings; rerun on a quiet machine")
+    series = run_all(plan, progress)
+    prov = Provenance(
+        device=device, mode=plan.mode, host=socket.gethostname(),
+        date=date,
+        omp_wait_policy=omp, torch_version=str(torch.__version__), threads=torch.get_num_threads(),
+        repeats=plan.repeats, timer=make_timer(device).name,
+        wall_time_s=time.perf_counter() - started, load_before=load_before,
+        load_after=hostinfo.load_average(), llc_bytes=facts["llc_bytes"], pool_bytes=plan.pool_bytes,
+        settings=facts["settings"], python_version=platform.python_version(),
+        numpy_version=numpy.__version__)
+    return Calibration(series, prov, facts, plan)
+
+
+def write_calibration(cal: Calibration, name: str, out: Path):
+    """Fit, write `out` atomically and load it back through the schema; returns the Device.
+    Raises OSError / HardwareFileError."""
+    result = fit(cal.series, cal.plan.primary_dtype)
+    doc = build_document(name, cal.facts["description"], cal.facts["memory_bytes"], cal.facts["memory_how"],
+                         result, cal.series, cal.prov, cal.plan.primary_dtype)
+    return write_and_check(out, doc)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        return main_merge(args)
+    omp = prepare_openmp()
+    import_torch(args.device)   # a missing torch or GPU is one line before any bar appears
+    from tqdm import tqdm
+
+    plan = make_plan(args.device, args.quick)
     try:
         with tqdm(total=plan.n_points(), desc=f"calibrate {args.device}", unit="pt",
                   file=sys.stderr, leave=False) as bar:
             def progress(label):
                 bar.set_postfix_str(label, refresh=False)
                 bar.update(1)
-            series = run_all(plan, progress)
+            cal = measure(args.device, args.quick, omp, progress, say=bar.write)
     except KeyboardInterrupt:
         print("error: interrupted; nothing written", file=sys.stderr)
         return 130
     except RuntimeError as exc:  # e.g. out of memory for the buffer pool
         fail(f"benchmark failed: {str(exc).splitlines()[0]}")
-    result = fit(series, plan.primary_dtype)
-    prov = Provenance(
-        device=args.device, mode=plan.mode, host=socket.gethostname(),
-        date=date,
-        omp_wait_policy=omp, torch_version=str(torch.__version__), threads=torch.get_num_threads(),
-        repeats=plan.repeats, timer=make_timer(args.device).name,
-        wall_time_s=time.perf_counter() - started, load_before=load_before,
-        load_after=hostinfo.load_average(), llc_bytes=facts["llc_bytes"], pool_bytes=plan.pool_bytes,
-        settings=facts["settings"], python_version=platform.python_version(),
-        numpy_version=numpy.__version__)
-    doc = build_document(args.name, facts["description"], facts["memory_bytes"], facts["memory_how"],
-                         result, series, prov, plan.primary_dtype)
     try:
-        device = write_and_check(args.out, doc)
+        device = write_calibration(cal, args.name, args.out)
     except OSError as exc:
         fail(f"cannot write {args.out}: {exc.strerror or exc}")
     except HardwareFileError as exc:  # would be a bug in the fit: say so in one line
         fail(f"calibration produced an invalid file: {exc}")
-    print_summary(device, series, prov, args.out)
+    print_summary(device, cal.series, cal.prov, args.out)
+    return 0
+
+
+def main_merge(args) -> int:
+    try:
+        device = merge_files(args.merge, args.out, args.name)
+    except FileNotFoundError as exc:
+        fail(f"--merge: {exc.filename}: no such file")
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror or exc}")
+    except HardwareFileError as exc:  # would be a bug in the merge or fit: say so in one line
+        fail(f"merge produced an invalid file: {exc}")
+    except ValueError as exc:
+        fail(str(exc))
+    print(f"wrote {args.out} ({device.name}): median over {len(args.merge)} calibration runs; "
+          f"memory_bw {format_quantity(device.memory_bw, 'bandwidth')}, "
+          f"dispatch {device.launch_overhead_s * 1e6:.2f} us per op")
     return 0
 
 

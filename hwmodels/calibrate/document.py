@@ -10,6 +10,7 @@ from ..cli import atomic_write_text
 from ..registry import load_device
 from ..schema import SCHEMA_VERSION
 from .fit import FitResult
+from .fit_attention import attention_documents
 from .hostinfo import BUSY_LOAD
 
 
@@ -33,14 +34,24 @@ class Provenance:
     settings: dict               # extra backend facts (e.g. cuda device, allow_tf32)
     python_version: str
     numpy_version: str
+    # Set when the numbers are the median of several calibrations (merge.py): one mapping per
+    # input run (file, date, load_average, wall_time_s), in input order.
+    merged_from: tuple = ()
 
     def __post_init__(self):
         if self.repeats < 1 or self.wall_time_s < 0:
             raise ValueError("repeats must be >= 1 and the wall time non-negative")
 
+    def when(self) -> str:
+        """The date, or for a merge the runs it is the median of."""
+        if not self.merged_from:
+            return self.date
+        dates = [run["date"] for run in self.merged_from]
+        return f"median over {len(dates)} calibration runs ({dates[0]} .. {dates[-1]})"
+
     def source(self, detail: str) -> str:
         return (f"measured: hwmodels.calibrate{' --quick' if self.mode == 'quick' else ''} on {self.host} "
-                f"{self.date}, OMP_WAIT_POLICY={self.omp_wait_policy}, torch {self.torch_version}, "
+                f"{self.when()}, OMP_WAIT_POLICY={self.omp_wait_policy}, torch {self.torch_version}, "
                 f"{self.threads} threads, {self.repeats} repeats, median; {detail}")
 
 
@@ -99,12 +110,12 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
                 f"{fit.rows_from}: fraction = 2 M n^2 / (peak_flops.{primary_dtype} x (median time - "
                 "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"),
         }} if fit.rows_table is not None else {}),
+        **attention_documents(fit.attention, prov.source),
         "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
         "host_overhead": _q(fit.host_overhead_s * 1e6, "us",
                             prov.source(f"host_step: {series['host_step'].what}")),
-        "notes": (f"Calibrated {prov.device} file ({prov.mode} mode) in {prov.wall_time_s:.1f} s; "
-                  f"load average before/after {prov.load_before}/{prov.load_after}. Raw medians are "
-                  "under calibration.series; regenerate with python -m hwmodels.calibrate."
+        "notes": (_what_notes(prov) + " Raw medians are under calibration.series; regenerate with "
+                  "python -m hwmodels.calibrate."
                   + (" QUICK MODE: few sizes, warm caches; for tests, not for predictions."
                      if prov.mode == "quick" else "")
                   + (f" WARNING: measured under CPU contention (load average {prov.load_before[0]} at "
@@ -123,10 +134,12 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
             "versions": {"torch": prov.torch_version, "python": prov.python_version,
                          "numpy": prov.numpy_version},
             "repeats": prov.repeats,
-            "statistic": "median over repeats of the mean time per call within a sample",
+            "statistic": (f"median over {len(prov.merged_from)} calibration runs of: " if prov.merged_from else "")
+                         + "median over repeats of the mean time per call within a sample",
             "load_average": {"before": prov.load_before, "after": prov.load_after},
             "last_level_cache": prov.llc_bytes,
             "pool_bytes": prov.pool_bytes,
+            **({"merged_from": list(prov.merged_from)} if prov.merged_from else {}),
             "fit": (f"memory_bandwidth from {fit.memory_bw_from}; bw_efficiency from {gemv}; "
                     f"compute_efficiency from {gemm}; see hwmodels/calibrate/fit.py"),
             "series": {
@@ -139,10 +152,27 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
     return doc
 
 
+def _what_notes(prov: Provenance) -> str:
+    if not prov.merged_from:
+        return (f"Calibrated {prov.device} file ({prov.mode} mode) in {prov.wall_time_s:.1f} s; "
+                f"load average before/after {prov.load_before}/{prov.load_after}.")
+    runs = "; ".join(f"{run['date']} (load average before/after {(run['load_average'] or {}).get('before')}/"
+                     f"{(run['load_average'] or {}).get('after')})" for run in prov.merged_from)
+    return (f"Calibrated {prov.device} file ({prov.mode} mode): per series and size, the median over "
+            f"{len(prov.merged_from)} calibration runs ({prov.wall_time_s:.1f} s in all): {runs}.")
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Repeat a value shared by two fields (e.g. a load average) instead of writing a YAML anchor."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
 def render(doc: dict) -> str:
     header = ("# Calibrated hardware file written by hwmodels.calibrate (schema: hwmodels/schema.py).\n"
               "# Every number is measured on this host by microbenchmarks; see each source.\n")
-    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=10**6, allow_unicode=True)
+    body = yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=None, width=10**6, allow_unicode=True)
     return header + body
 
 

@@ -10,7 +10,9 @@ file reproduces them:
   decode runs over the weights), then made non-decreasing (isotonic regression) and
   consistent (no larger transfer predicted faster than a smaller one);
 - peak FLOP/s per dtype = the best GEMM rate measured in that dtype; ceff the same way as
-  beff on the primary-dtype GEMM series.
+  beff on the primary-dtype GEMM series;
+- attention tables (fit_attention.py): per head width, the fraction of the beff curve that eager
+  attention's GEMVs over a KV cache reach.
 """
 from __future__ import annotations
 
@@ -127,6 +129,7 @@ class FitResult:
     host_overhead_s: float
     rows_table: TableCurve | None = None    # token rows -> fraction of peak (skinny GEMM series)
     rows_from: str = ""
+    attention: dict = field(default_factory=dict)   # "scores"/"values" -> fit_attention.AttnTable
 
 
 def fit(series: dict, primary_dtype: str) -> FitResult:
@@ -158,8 +161,11 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     c_sizes, c_fractions = consistent_table(
         gemm.sizes(), raw_efficiency(gemm.sizes(), gemm.seconds(), flops[primary_dtype], launch))
     rows_table, rows_from = fit_rows(series, primary_dtype, flops[primary_dtype], launch)
+    from .fit_attention import fit_attention   # here, not at the top: it imports this module's helpers
+    attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch)
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
-                     flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from)
+                     flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from,
+                     attention)
 
 
 def skinny_side(name: str) -> int:

@@ -28,6 +28,12 @@ class Plan:
     # model-sized square weights n x n and token-row counts M (decode at batch M)
     skinny_sides: tuple[int, ...] = ()
     skinny_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    # eager attention's batched GEMVs over a KV cache in the primary dtype: q[H, 1, d] @ K[H, S, d]^T
+    # and p[H, 1, S] @ V[H, S, d], K/V rotating through the pool; per head width d, one point per
+    # K size in attn_kv_bytes (S = bytes / (H d element size))
+    attn_head_dims: tuple[int, ...] = ()
+    attn_kv_bytes: tuple[int, ...] = (4 * MiB, 16 * MiB, 64 * MiB)
+    attn_heads: int = 16
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -50,6 +56,16 @@ class Plan:
         if any(n <= 0 for n in self.skinny_sides) or list(self.skinny_rows) != sorted(set(self.skinny_rows)) \
                 or (self.skinny_rows and self.skinny_rows[0] <= 0):
             raise ValueError("skinny GEMM sides and rows must be positive (rows strictly increasing)")
+        if any(d <= 0 for d in self.attn_head_dims) or list(self.attn_head_dims) != sorted(set(self.attn_head_dims)) \
+                or self.attn_heads <= 0:
+            raise ValueError("attention head widths must be positive and strictly increasing, heads positive")
+        if self.attn_head_dims:
+            kv = self.attn_kv_bytes
+            if not kv or list(kv) != sorted(set(kv)) or kv[0] <= 0 or 2 * kv[-1] > self.pool_bytes:
+                raise ValueError("attention K/V sizes must be positive, strictly increasing, and two of "
+                                 "the largest must fit in the buffer pool")
+            for d in self.attn_head_dims:
+                self.attn_seq_len(kv[0], d)   # raises when a size holds no whole token
         if self.repeats < 3:
             raise ValueError("at least 3 repeats are needed for a meaningful median")
         if self.min_sample_s <= 0:
@@ -62,12 +78,20 @@ class Plan:
             raise ValueError(f"{nbytes} bytes is too small for a {dtype} GEMV benchmark")
         return n
 
+    def attn_seq_len(self, nbytes: int, head_dim: int) -> int:
+        """Cached tokens S of a K (or V) of `nbytes` bytes: attn_heads x S x head_dim elements."""
+        seq = int(nbytes // (self.attn_heads * head_dim * dtype_bytes(self.primary_dtype)))
+        if seq < 1:
+            raise ValueError(f"{nbytes} bytes is too small for a K of {self.attn_heads} heads x {head_dim}")
+        return seq
+
     def n_points(self) -> int:
         """Benchmark points, for the progress bar."""
         copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
         return (2 + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
                 + sum(len(ns) for ns in self.gemm_sizes.values())
-                + len(self.skinny_sides) * len(self.skinny_rows))
+                + len(self.skinny_sides) * len(self.skinny_rows)
+                + 2 * len(self.attn_head_dims) * len(self.attn_kv_bytes))
 
 
 def _powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
@@ -83,7 +107,8 @@ def make_plan(device: str, quick: bool) -> Plan:
         # Seconds, for tests: warm caches (the pool fits in the LLC), few sizes; not representative.
         return Plan("cpu", "quick", _powers(64 * KiB, 4 * MiB), ("fp32",), {"fp32": (32, 64, 128, 256)},
                     "fp32", pool_bytes=16 * MiB, repeats=3, min_sample_s=0.5e-3,
-                    skinny_sides=(256,), skinny_rows=(1, 2, 4, 8))
+                    skinny_sides=(256,), skinny_rows=(1, 2, 4, 8),
+                    attn_head_dims=(64,), attn_kv_bytes=(256 * KiB, 1 * MiB))
     if device == "cpu":
         # 64 KiB .. 1 GiB in x4 steps. The 1 GiB pool is > 3x the last-level cache of this
         # class of server CPU (300 MiB here), so every read streams from DRAM as decode
@@ -96,7 +121,10 @@ def make_plan(device: str, quick: bool) -> Plan:
                      "fp16": (256, 1024, 2048)},
                     "fp32", pool_bytes=GiB, repeats=11, min_sample_s=2e-3,
                     # weights of 4, 16 and 64 MiB (fp32): the projection sizes of 0.1-7B models
-                    skinny_sides=(1024, 2048, 4096))
+                    skinny_sides=(1024, 2048, 4096),
+                    # K of 4, 16, 64 MiB (fp32): 16 heads x 1024..16384 tokens at d=64; the widths
+                    # of small (64) and 7B-class (128) models
+                    attn_head_dims=(64, 128))
     if device == "cuda" and quick:
         return Plan("cuda", "quick", _powers(64 * KiB, 64 * MiB), ("bf16",), {"bf16": (256, 1024, 4096)},
                     "bf16", pool_bytes=256 * MiB, repeats=3, min_sample_s=1e-3)
@@ -106,5 +134,6 @@ def make_plan(device: str, quick: bool) -> Plan:
                     {"bf16": (256, 512, 1024, 2048, 4096, 6144, 8192), "fp16": (1024, 4096, 8192),
                      "fp32": (1024, 4096)},
                     "bf16", pool_bytes=4 * GiB, repeats=9, min_sample_s=5e-3,
-                    skinny_sides=(4096, 8192), skinny_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+                    skinny_sides=(4096, 8192), skinny_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                    attn_head_dims=(64, 128), attn_kv_bytes=(16 * MiB, 64 * MiB, 256 * MiB))
     raise ValueError(f"device must be cpu or cuda, got {device!r}")

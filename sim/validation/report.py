@@ -258,6 +258,15 @@ def _paper_section(points: pd.DataFrame, compare: pd.DataFrame) -> list[str]:
             _table(df, cols), ""]
 
 
+def _rounds_note(table: pd.DataFrame) -> str:
+    """' over R rounds' when traces.timing --rounds revisited the points (folders from before rounds: '')."""
+    if "rounds" not in table.columns or table["rounds"].isna().all():
+        return ""
+    low, high = int(table["rounds"].min()), int(table["rounds"].max())
+    rounds = f"{low}" if low == high else f"{low}-{high}"
+    return f" over all samples of {rounds} round-robin round(s)"
+
+
 def _provenance_section(sources: list, refs: pd.DataFrame, hw_notes: list[str]) -> list[str]:
     out = ["## Calibration inputs vs validation points", "",
            "Calibration inputs (what the hardware files were fitted to) and validation points (what they are "
@@ -283,7 +292,7 @@ def _provenance_section(sources: list, refs: pd.DataFrame, hw_notes: list[str]) 
                 f"{env.get('threads')} thread(s), OMP_WAIT_POLICY={env.get('omp_wait_policy')}, torch {env.get('torch')}, "
                 f"transformers {env.get('transformers')}; {len(t)} points, "
                 f"{m.get('grid_settings', {}).get('repeats')} repeats after {m.get('grid_settings', {}).get('warmup')} "
-                f"warm-up steps, median; load average (1 min) during the points "
+                f"warm-up steps, median{_rounds_note(t)}; load average (1 min) during the points "
                 f"{_fmt(load.min()) if len(load) else 'n/a'}-{_fmt(load.max()) if len(load) else 'n/a'}{disturbed}; "
                 f"predicted on `{m.get('hw_device')}` with `{s.profile}`.")
         out += [""]
