@@ -44,6 +44,9 @@ def show_rows(device) -> list[tuple[str, str, str]]:
         rows.append((key, value, " | ".join(sources)))
     rows.append(("launch_overhead", format_quantity(device.launch_overhead_s, "time"), src["launch_overhead"]))
     rows.append(("host_overhead", format_quantity(device.host_overhead_s, "time"), src["host_overhead"]))
+    if device.eager_call_overhead_s is not None:
+        rows.append(("eager_call_overhead", format_quantity(device.eager_call_overhead_s, "time"),
+                     src["eager_call_overhead"]))
     return rows
 
 

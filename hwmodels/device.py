@@ -52,6 +52,9 @@ class Device:
     # KV cache reach: q @ K^T (scores) and p @ V (values); None: they stream like any op
     attn_scores_curve: object = None
     attn_values_curve: object = None
+    # per top-level call of eager model code (nn.Module machinery, output allocation, nested aten
+    # calls, Python between calls): what eager profiles charge per launch; None: not calibrated
+    eager_call_overhead_s: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -149,6 +152,7 @@ class Device:
             "attn_values_efficiency": None if self.attn_values_curve is None else self.attn_values_curve.to_dict(),
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
+            "eager_call_overhead_s": self.eager_call_overhead_s,
             "content_hash": self.content_hash,
             "source_path": self.source_path,
             "sources": dict(self.sources),

@@ -39,6 +39,9 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
       source: ...
     launch_overhead: {value: 4, unit: us, source: ...}   # per kernel
     host_overhead:   {value: 1, unit: ms, source: ...}   # per step
+    eager_call_overhead: {value: 4, unit: us, source: ...}   # optional: per top-level call of eager
+                             # model code (hwmodels.calibrate's eager_call benchmark); eager profiles
+                             # charge it instead of launch_overhead
     notes: optional free text
     calibration: optional provenance block written by hwmodels.calibrate (not used by the model)
 """
@@ -59,7 +62,7 @@ REQUIRED = ("schema_version", "name", "description", "memory_capacity", "memory_
             "peak_flops", "bw_efficiency", "compute_efficiency", "launch_overhead",
             "host_overhead")
 ATTN_TABLES = ("attn_scores_efficiency", "attn_values_efficiency")
-OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES)
+OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES, "eager_call_overhead")
 QUANTITY_KEYS = ("value", "unit", "source")
 CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows",
                    **{key: "head_dim" for key in ATTN_TABLES}}
@@ -89,6 +92,7 @@ class ParsedFile:
     gemm_rows_curve: object = None
     attn_scores_curve: object = None    # head width -> fraction of the streaming rate (q @ K^T)
     attn_values_curve: object = None    # the same for p @ V
+    eager_call_overhead_s: float | None = None   # per top-level eager call (None: not in the file)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -253,6 +257,8 @@ def parse(data: dict, path) -> ParsedFile:
     scores_curve, values_curve = (r.curve(data, key) if key in data else None for key in ATTN_TABLES)
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
+    eager_call = (r.quantity(data, "eager_call_overhead", "eager_call_overhead", "time")
+                  if "eager_call_overhead" in data else None)
 
     notes = r.text(data, "notes", "notes") if "notes" in data else None
     calibration = data.get("calibration")
@@ -260,7 +266,8 @@ def parse(data: dict, path) -> ParsedFile:
         r.keys(calibration, "calibration", (), CALIBRATION_KEYS)
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
                       launch, host, r.sources, notes, calibration, reference, rows_curve,
-                      attn_scores_curve=scores_curve, attn_values_curve=values_curve)
+                      attn_scores_curve=scores_curve, attn_values_curve=values_curve,
+                      eager_call_overhead_s=eager_call)
 
 
 def _describe(value) -> str:

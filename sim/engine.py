@@ -4,7 +4,7 @@ Pure numpy. `evaluate(...)` takes arrays of design points (batch, beams, prompt,
 recent ratio, dtypes) for one (device, model, policy, profile) and returns arrays of results; `predict`
 is that same path for one point plus the operator tables. Time per operator is
     max(FLOPs / (peak * compute_eff(FLOPs)), bytes / (bw * bw_eff(bytes))) + launches * launch_overhead
-and a step adds the device's host overhead. docs/sim.md has the formulas and assumptions.
+(eager profiles: launches * eager_call_overhead where the hardware file has it) and a step adds the device's host overhead. docs/sim.md has the formulas and assumptions.
 
 Array layout inside: (points, decode-step nodes, layer slots). Layer slots is 1 (all layers alike,
 each op counted n_layers times) or n_layers (a trace's per-layer KV lengths via `kv_override`).
@@ -62,6 +62,9 @@ class Setup:
     peak_gemm: float
     peak_vector: float
     host_s: float
+    # seconds charged per launch: the device's eager_call_overhead_s for eager profiles on devices
+    # that have it, else launch_overhead_s (see launch_seconds)
+    launch_s: float
     # fractions of the streaming rate reached by the attention GEMVs over the KV cache at this
     # model's head width (Op.kv_stream); 1.0 on devices without the tables
     attn_scores_factor: float = 1.0
@@ -87,11 +90,19 @@ def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", p
                   act_dtype=ad, profile=prof, wb=dtype_bytes(wd), kvb=dtype_bytes(kd), ab=dtype_bytes(ad),
                   peak_gemm=float(hw_obj.peak_flops(wd)), peak_vector=float(hw_obj.peak_flops(ad)),
                   host_s=float(hw_obj.host_overhead_s) + prof.extra_host_overhead_s,
-                  **_attn_factors(hw_obj, model_obj.head_dim))
+                  launch_s=launch_seconds(hw_obj, prof), **_attn_factors(hw_obj, model_obj.head_dim))
     if len(_SETUP_CACHE) > 4096:
         _SETUP_CACHE.clear()
     _SETUP_CACHE[key] = (setup, hw, model)    # holding hw/model keeps their ids valid
     return setup
+
+
+def launch_seconds(hw, profile: Profile) -> float:
+    """Time per launch: an eager profile's launches are top-level calls of eager model code, which cost
+    the device's calibrated eager_call_overhead_s (hwmodels.calibrate's eager_call benchmark) where
+    the file has one; everything else pays launch_overhead_s (a bare dispatch / kernel launch)."""
+    eager_call = getattr(hw, "eager_call_overhead_s", None) if profile.eager else None
+    return hw.launch_overhead_s if eager_call is None else eager_call
 
 
 def _attn_factors(hw, head_dim) -> dict:
@@ -193,7 +204,7 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     if kv_factors is not None:
         b_eff = b_eff * np.array(kv_factors).reshape(-1, *extra)
     t_memory = nbytes / (hw.memory_bw * b_eff)
-    per_op = (np.maximum(t_compute, t_memory) + launches * hw.launch_overhead_s) * mult
+    per_op = (np.maximum(t_compute, t_memory) + launches * s.launch_s) * mult
     parts = {"flops": flops, **byte_parts}
     fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
     t_compute, t_memory = t_compute * mult, t_memory * mult
@@ -215,7 +226,7 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     kv_factors = _kv_stream_factors(s, ops)
     if kv_factors is not None:
         b_eff = [be * f for be, f in zip(b_eff, kv_factors)]
-    bw, launch, n_layers = hw.memory_bw, hw.launch_overhead_s, s.model.n_layers
+    bw, launch, n_layers = hw.memory_bw, s.launch_s, s.model.n_layers
     total = s.host_s if host else 0.0
     for op, f, b, ce, be in zip(ops, flops, nbytes, c_eff, b_eff):
         peak = s.peak_gemm if op.gemm else s.peak_vector

@@ -246,6 +246,7 @@ HF_EAGER = register_profile(Profile(
     prefill_chunk_tokens=None,                     # eager prefill holds all n x n logits at once
     extra_decode_ops=hf_decode_ops,
     extra_prefill_ops=hf_prefill_ops,
+    eager=True,
 ))
 
 
@@ -316,4 +317,5 @@ KVSIM_EAGER = register_profile(Profile(
     prefill_chunk_tokens=None,
     extra_decode_ops=kvsim_decode_ops,
     extra_prefill_ops=kvsim_prefill_ops,
+    eager=True,
 ))

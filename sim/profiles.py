@@ -36,6 +36,10 @@ class Profile:
     # extra_memory_bytes(setup, rows, kv_tokens, prompt) -> bytes the stack holds on top of weights, KV,
     # scores and workspace (e.g. eager n x n attention matrices); must grow with rows (max_batch bisects)
     extra_memory_bytes: Callable | None = None
+    # eager PyTorch code: each launch is a top-level call of model code, charged the device's calibrated
+    # eager_call_overhead_s (allocation, nested aten calls, nn.Module machinery, Python between calls)
+    # where the hardware file has it, else launch_overhead_s like any kernel launch
+    eager: bool = False
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):

@@ -23,7 +23,7 @@ Rounds (`--rounds R`): the machine drifts (a shared VM's memory bandwidth moves 
 of seconds), so a point measured once samples one phase. With R > 1 the grid is visited round-robin, every
 model and point once per round, and each row's statistics are over the samples of all its rounds (raw
 samples are kept, so a rerun with a higher R adds rounds). `--calibrate FILE.yaml` runs the hwmodels
-microbenchmarks before every round and writes FILE.yaml as their median: the hardware file then describes
+microbenchmarks before every model of every round and writes FILE.yaml as their median: the hardware file then describes
 the same phases the points saw (its inputs are still microbenchmarks only, never the points).
 
 Timing discipline: OMP_WAIT_POLICY=ACTIVE is set before torch loads (unless the caller set it), the thread
@@ -542,9 +542,11 @@ def measure_round(run: ModelRun, grid: TimingGrid, rnd: int, rounds: int, progre
 
 @dataclass
 class RoundCalibration:
-    """--calibrate FILE: the hwmodels.calibrate microbenchmarks before every round, so the hardware file
-    sees the same machine phases as the points; after the last round FILE is their merge (median per
-    series and size). Each round's file stays in `folder`, so a resumed run calibrates only new rounds."""
+    """--calibrate FILE: the hwmodels.calibrate microbenchmarks before every model of every round, so the
+    hardware file samples the same machine phases as the points (one calibration per round was not enough:
+    a 20-second snapshot per 3-minute round caught 12 GB/s in one round and 15-16 GB/s in the next while the
+    points' own speed moved by 5%); after the last round FILE is their merge (median per series and size).
+    Each calibration stays in `folder`, so a resumed run calibrates only the blocks it has not done."""
     target: Path
     folder: Path        # <out>/calibration-rounds
     device: str         # "cpu" or "cuda"
@@ -553,17 +555,19 @@ class RoundCalibration:
     calibrated: list = field(default_factory=list)
     kept: list = field(default_factory=list)
 
-    def path(self, rnd: int) -> Path:
-        return self.folder / f"round-{rnd}.yaml"
+    def path(self, rnd: int, model: str) -> Path:
+        return self.folder / f"round-{rnd}-{model}.yaml"
 
     def clear(self) -> None:
         """--fresh: an earlier run's calibrations belong to the points it measured."""
         for old in self.folder.glob("round-*.yaml"):
             old.unlink()
 
-    def before_round(self, rnd: int, progress) -> None:
-        if self.path(rnd).is_file():
-            self.kept.append(rnd)
+    def before_block(self, rnd: int, model: str, progress) -> None:
+        """Calibrate right before `model`'s points of round `rnd` (unless an earlier run did)."""
+        path = self.path(rnd, model)
+        if path.is_file():
+            self.kept.append(path)
             return
         import torch
         from hwmodels.calibrate.cli import measure, write_calibration
@@ -573,25 +577,25 @@ class RoundCalibration:
         self.folder.mkdir(parents=True, exist_ok=True)
         try:
             cal = measure(self.device, self.quick, os.environ.get("OMP_WAIT_POLICY", "unset"),
-                          lambda label: progress.set_postfix_str(f"calibrate round {rnd}: {label}"),
-                          say=progress.write)
-            write_calibration(cal, f"{self.target.stem}-round-{rnd}", self.path(rnd))
+                          lambda label: progress.set_postfix_str(f"calibrate round {rnd} {model}: {label}"),
+                          say=progress.write,
+                          # the grid's own spinning threads keep the load average near their count
+                          own_load=self.threads)
+            write_calibration(cal, f"{self.target.stem}-round-{rnd}-{model}", path)
         except (RuntimeError, OSError, HardwareFileError) as exc:
-            raise TimingError(f"calibration before round {rnd} failed: {str(exc).splitlines()[0]}") from None
-        self.calibrated.append(rnd)
+            raise TimingError(f"calibration before round {rnd} ({model}) failed: "
+                              f"{str(exc).splitlines()[0]}") from None
+        self.calibrated.append(path)
 
-    def merge(self, rounds: int) -> str:
+    def merge(self, rounds: int, models: list[str]) -> str:
         from hwmodels.calibrate.merge import merge_files
+        paths = [self.path(r, m) for r in range(1, rounds + 1) for m in models]
         try:
-            merge_files([self.path(r) for r in range(1, rounds + 1)], self.target, self.target.stem)
+            merge_files(paths, self.target, self.target.stem)
         except (OSError, ValueError) as exc:
             raise TimingError(f"merging the round calibrations into {self.target} failed: {exc}") from None
-        return (f"calibration: rounds {_listing(self.calibrated)} calibrated now, {_listing(self.kept)} kept "
-                f"from an earlier run; {self.target} = median over {rounds} round(s)")
-
-
-def _listing(rounds: list) -> str:
-    return ", ".join(map(str, rounds)) or "none"
+        return (f"calibration: {len(self.calibrated)} run(s) now, {len(self.kept)} kept from an earlier run; "
+                f"{self.target} = median over {len(paths)} calibration runs (before every model of every round)")
 
 
 def measure_grid(models: list, grid: TimingGrid, out: Path, hw_device: str, fresh: bool, rounds: int,
@@ -604,12 +608,12 @@ def measure_grid(models: list, grid: TimingGrid, out: Path, hw_device: str, fres
         calibration.clear()
     progress.update(sum(rounds_done(run, grid, rounds) for run in runs))
     for rnd in range(1, rounds + 1):
-        if calibration is not None:
-            calibration.before_round(rnd, progress)
         for run in runs:
+            if calibration is not None:
+                calibration.before_block(rnd, run.name, progress)
             measure_round(run, grid, rnd, rounds, progress, priority)
     if calibration is not None:
-        progress.write(calibration.merge(rounds))
+        progress.write(calibration.merge(rounds, [run.name for run in runs]))
     return runs
 
 
@@ -658,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure the grid round-robin this many times (every model and point once per round); "
                         "statistics over all rounds' samples. A higher value on a finished folder adds rounds")
     p.add_argument("--calibrate", type=Path, default=None, metavar="FILE.yaml",
-                   help="run the hwmodels.calibrate microbenchmarks before every round (kept in "
+                   help="run the hwmodels.calibrate microbenchmarks before every model of every round (kept in "
                         "<out>/calibration-rounds/) and write FILE.yaml, their merge, as the hardware file the "
                         "points are predicted on (replaces --hw)")
     p.add_argument("--quick-calibration", action="store_true",

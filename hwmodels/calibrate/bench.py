@@ -13,6 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .eager_bench import run_eager_call
 from .fit import Series
 from .plan import Plan
 
@@ -145,6 +146,9 @@ def run_all(plan: Plan, progress=None, timer=None) -> dict:
                "check (bool of a device tensor)", "calls")
     host.add(1, median_seconds(host_step, timer, plan))
     tick("host step")
+
+    # Host cost per top-level call of eager model code (eager_bench.py): what eager profiles charge.
+    run_eager_call(plan, timer, new, tick, median_seconds)
 
     pool = BufferPool(plan.pool_bytes, device)
     read = new("read", "torch.sum over fp32 buffers rotating through the pool; bytes = buffer size", "bytes")

@@ -115,9 +115,12 @@ class Calibration:
     plan: Plan
 
 
-def measure(device: str, quick: bool, omp: str, progress=None, say=None) -> Calibration:
+def measure(device: str, quick: bool, omp: str, progress=None, say=None, own_load: float = 0.0) -> Calibration:
     """Run the plan's microbenchmarks in this process (torch threads as currently set).
     `progress(label)` is called after each point, `say(line)` for the start line and warnings.
+    `own_load`: busy threads that belong to the caller itself (e.g. traces.timing's spinning measurement
+    threads, which keep the 1-minute load average near their count); subtracted from the load average
+    before it is compared with hostinfo.BUSY_LOAD.
     Raises RuntimeError when a benchmark fails (e.g. out of memory for the buffer pool)."""
     say = say or (lambda line: print(line, file=sys.stderr))
     started = time.perf_counter()
@@ -131,10 +134,11 @@ def measure(device: str, quick: bool, omp: str, progress=None, say=None) -> Cali
     facts = device_facts(device, torch)
     say(f"calibrating {device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {load_before}")
-    if device == "cpu" and load_before and load_before[0] > hostinfo.BUSY_LOAD:
+    if device == "cpu" and load_before and load_before[0] - own_load > hostinfo.BUSY_LOAD:
         # Spinning OpenMP threads that lose their core stall a parallel op for a scheduler
         # tick (~4-16 ms): timings under load are inflated, sometimes by orders of magnitude.
-        say(f"warning: load average {load_before[0]} before start: other processes compete for "
+        own = f" ({own_load:g} of it this process's own threads)" if own_load else ""
+        say(f"warning: load average {load_before[0]} before start{own}: other processes compete for "
             f"the {os.cpu_count()} CPUs and will inflate the timings; rerun on a quiet machine")
     series = run_all(plan, progress)
     prov = Provenance(
@@ -226,4 +230,6 @@ def print_summary(device, series, prov, out) -> None:
             print(f"  {name:<16} {best(name, 'ops_rate')}")
     print(f"  dispatch         {device.launch_overhead_s * 1e6:.2f} us per op; host step "
           f"{device.host_overhead_s * 1e6:.1f} us")
+    if device.eager_call_overhead_s is not None:
+        print(f"  eager call       {device.eager_call_overhead_s * 1e6:.2f} us per top-level call")
     print(f"  memory_bw (peak) {format_quantity(device.memory_bw, 'bandwidth')}")

@@ -114,6 +114,9 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
         "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
         "host_overhead": _q(fit.host_overhead_s * 1e6, "us",
                             prov.source(f"host_step: {series['host_step'].what}")),
+        **({"eager_call_overhead": _q(fit.eager_call_overhead_s * 1e6, "us", prov.source(
+            f"eager_call: {series['eager_call'].what}; value = time per layer / top-level calls per layer"))}
+           if fit.eager_call_overhead_s is not None else {}),
         "notes": (_what_notes(prov) + " Raw medians are under calibration.series; regenerate with "
                   "python -m hwmodels.calibrate."
                   + (" QUICK MODE: few sizes, warm caches; for tests, not for predictions."

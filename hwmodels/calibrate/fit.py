@@ -5,6 +5,8 @@ The simulator charges an op `max(flops / (peak * ceff(flops)), bytes / (bw * bef
 file reproduces them:
 
 - launch_overhead = median time of a tiny op (pure dispatch);
+- eager_call_overhead (optional) = time per top-level call of eager decoder-layer code (the
+  eager_call series: seconds per layer / top-level calls per layer; see eager_bench.py);
 - memory_bw = the best streaming read rate measured (read or GEMV series, any size);
 - beff(s) = s / (memory_bw * (t(s) - launch)) on the primary-dtype GEMV (the kernel that
   decode runs over the weights), then made non-decreasing (isotonic regression) and
@@ -130,6 +132,7 @@ class FitResult:
     rows_table: TableCurve | None = None    # token rows -> fraction of peak (skinny GEMM series)
     rows_from: str = ""
     attention: dict = field(default_factory=dict)   # "scores"/"values" -> fit_attention.AttnTable
+    eager_call_overhead_s: float | None = None       # per top-level eager call (None: not measured)
 
 
 def fit(series: dict, primary_dtype: str) -> FitResult:
@@ -165,7 +168,16 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch)
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
                      flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from,
-                     attention)
+                     attention, fit_eager_call(series))
+
+
+def fit_eager_call(series: dict) -> float | None:
+    """Seconds per top-level eager call: the median over the eager_call points of seconds per layer /
+    calls per layer (one point per run; older calibrations have no such series: None)."""
+    eager = series.get("eager_call")
+    if eager is None or not eager.points:
+        return None
+    return float(np.median(eager.seconds() / eager.sizes()))
 
 
 def skinny_side(name: str) -> int:

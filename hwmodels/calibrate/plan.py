@@ -86,9 +86,9 @@ class Plan:
         return seq
 
     def n_points(self) -> int:
-        """Benchmark points, for the progress bar."""
+        """Benchmark points, for the progress bar (dispatch, host step and eager call: 3)."""
         copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
-        return (2 + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
+        return (3 + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
                 + sum(len(ns) for ns in self.gemm_sizes.values())
                 + len(self.skinny_sides) * len(self.skinny_rows)
                 + 2 * len(self.attn_head_dims) * len(self.attn_kv_bytes))

@@ -48,11 +48,12 @@ def test_run_all_with_an_injected_timer_fills_every_series():
                 pool_bytes=2**20, repeats=3, min_sample_s=1e-4)
     labels = []
     series = run_all(plan, labels.append, timer=ScriptedTimer(5e-6))
-    assert {"dispatch", "host_step", "read", "copy", "gemv_fp32", "gemm_fp32"} == set(series)
+    assert {"dispatch", "host_step", "eager_call", "read", "copy", "gemv_fp32", "gemm_fp32"} == set(series)
     assert len(labels) == plan.n_points()
     assert [p[0] for p in series["gemv_fp32"].points] == [128 * 128 * 4, 256 * 256 * 4]
     assert [p[0] for p in series["copy"].points] == [2 * 64 * 2**10, 2 * 256 * 2**10]
-    assert all(t == pytest.approx(5e-6) for s in series.values() for _, t in s.points)
+    # every point is one call of 5 us, except eager_call's: one forward of the stack, per layer
+    assert all(t == pytest.approx(5e-6) for s in series.values() if s.name != "eager_call" for _, t in s.points)
     fit(series, "fp32")   # the shared fit accepts what the shared benchmarks produce
 
 
@@ -69,3 +70,39 @@ def test_skinny_gemm_series_per_side():
     assert len(labels) == plan.n_points()
     result = fit(series, "fp32")
     assert result.rows_table is not None and result.rows_table.sizes == (1, 2, 4)
+
+
+def test_eager_call_series_counts_top_level_calls_per_layer():
+    from hwmodels.calibrate.bench import run_all
+    from hwmodels.calibrate.eager_bench import LAYERS
+    from hwmodels.calibrate.fit import fit
+    from hwmodels.calibrate.plan import Plan
+    plan = Plan("cpu", "quick", (64 * 2**10,), ("fp32",), {"fp32": (16,)}, "fp32",
+                pool_bytes=2**20, repeats=3, min_sample_s=1e-4)
+    series = run_all(plan, timer=ScriptedTimer(1e-3))    # 1 ms per forward of the whole stack
+    eager = series["eager_call"]
+    assert eager.size_kind == "calls" and len(eager.points) == 1
+    calls, seconds = eager.points[0]
+    # norms, projections, rotary, attention, MLP, residuals: dozens of top-level aten calls per layer
+    assert 30 <= calls <= 120 and float(calls * LAYERS).is_integer()
+    assert seconds == pytest.approx(1e-3 / LAYERS)
+    assert fit(series, "fp32").eager_call_overhead_s == pytest.approx(1e-3 / LAYERS / calls)
+
+
+def test_measure_discounts_its_callers_own_busy_threads(monkeypatch):
+    # traces.timing calibrates in its own process, whose spinning thread keeps the load average near 1:
+    # with own_load=1 that alone is no contention; more than that still warns, and says whose load it is.
+    import hwmodels.calibrate.bench as bench
+    from hwmodels.calibrate import hostinfo
+    from hwmodels.calibrate.cli import measure
+
+    from .test_calibrate_fit import synthetic_series
+    monkeypatch.setattr(bench, "run_all", lambda plan, progress=None, timer=None: synthetic_series())
+    for load, own, warns in ((1.02, 0.0, True), (1.02, 1.0, False), (2.1, 1.0, True)):
+        monkeypatch.setattr(hostinfo, "load_average", lambda: [load, load, load])
+        said = []
+        measure("cpu", True, "ACTIVE", say=said.append, own_load=own)
+        warnings = [line for line in said if line.startswith("warning: load average")]
+        assert bool(warnings) == warns, (load, own, said)
+        if warnings and own:
+            assert "1 of it this process's own threads" in warnings[0]

@@ -199,3 +199,20 @@ def test_fit_rows_from_skinny_series(tmp_path):
     assert load_device(write_and_check(tmp_path / "plain.yaml", build_document(
         "plain", "d", 1e9, "t", plain, synthetic_series(), provenance(), "fp32")).source_path
     ).gemm_rows_efficiency(4) is None
+
+
+def test_eager_call_overhead_is_written_only_when_measured(tmp_path):
+    series = synthetic_series()
+    plain = write_and_check(tmp_path / "plain.yaml", build_document(
+        "test-cpu", "synthetic device", 16e9, "test", fit(series, "fp32"), series, provenance(), "fp32"))
+    assert plain.eager_call_overhead_s is None and "eager_call_overhead" not in plain.sources
+    series["eager_call"] = Series("eager_call", "synthetic decoder layers", "calls", [(55.0, 55 * 3.5e-6)])
+    result = fit(series, "fp32")
+    assert result.eager_call_overhead_s == pytest.approx(3.5e-6)
+    doc = build_document("test-cpu", "synthetic device", 16e9, "test", result, series, provenance(), "fp32")
+    assert doc["eager_call_overhead"]["unit"] == "us" and doc["eager_call_overhead"]["value"] == 3.5
+    device = write_and_check(tmp_path / "eager.yaml", doc)
+    assert device.eager_call_overhead_s == pytest.approx(3.5e-6)
+    assert device.launch_overhead_s == pytest.approx(LAUNCH)        # the dispatch figure is untouched
+    assert "eager_call: synthetic decoder layers" in device.sources["eager_call_overhead"]
+    assert device.calibration["series"]["eager_call"]["points_size_seconds"] == [[55, pytest.approx(1.925e-4)]]

@@ -8,7 +8,7 @@ import yaml
 from hwmodels import load_device
 from hwmodels.calibrate.document import build_document, write_and_check
 from hwmodels.calibrate.fit import Series, fit
-from hwmodels.calibrate.merge import merge_series, series_from_calibration
+from hwmodels.calibrate.merge import merge_files, merge_series, series_from_calibration
 
 from .conftest import REPO, assert_one_line_error, run_cli
 from .test_calibrate_fit import provenance, synthetic_series
@@ -113,3 +113,19 @@ def test_merge_does_not_import_torch(three_runs, tmp_path):
             f"main(['--merge', {str(three_runs[0])!r}, '--out', {str(tmp_path / 'm.yaml')!r}])\n"
             "assert 'torch' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
+
+
+def test_merge_medians_the_eager_call_series(tmp_path):
+    paths = []
+    for i, per_call in enumerate((3.0e-6, 5.0e-6, 4.0e-6)):
+        series = synthetic_series()
+        series["eager_call"] = Series("eager_call", "decoder layers", "calls", [(55.0, 55 * per_call)])
+        doc = build_document("test-cpu", "synthetic device", 16e9, "test meminfo", fit(series, "fp32"), series,
+                             provenance(date=f"2026-01-01T00:0{i}:00Z"), "fp32")
+        paths.append(tmp_path / f"run{i}.yaml")
+        assert write_and_check(paths[-1], doc).eager_call_overhead_s == pytest.approx(per_call)
+    runs = [series_from_calibration(yaml.safe_load(p.read_text())["calibration"]) for p in paths]
+    assert runs[0]["eager_call"].size_kind == "calls" and runs[0]["eager_call"].points[0][0] == 55.0
+    merged = merge_files(paths, tmp_path / "merged.yaml")
+    assert merged.eager_call_overhead_s == pytest.approx(4.0e-6, rel=1e-3)   # the median run's value
+    assert "median over 3 calibration runs" in merged.sources["eager_call_overhead"]

@@ -204,3 +204,25 @@ def test_compute_reference_dtype_optional(h200_text, tmp_path):
     device = load_device(path)
     assert device.compute_reference_dtype is None
     assert device.compute_efficiency(1e9, "fp32") == device.compute_efficiency(1e9)
+
+
+def test_eager_call_overhead_is_optional_and_read_as_a_time(h200_text, tmp_path):
+    assert load_device(write(tmp_path, h200_text, "plain.yaml")).eager_call_overhead_s is None
+    path = edit(h200_text, tmp_path, lambda d: d.update(
+        eager_call_overhead={"value": 3.5, "unit": "us", "source": "eager_call benchmark"}))
+    device = load_device(path)
+    assert device.eager_call_overhead_s == pytest.approx(3.5e-6)
+    assert device.sources["eager_call_overhead"] == "eager_call benchmark"
+    assert device.to_dict()["eager_call_overhead_s"] == pytest.approx(3.5e-6)
+
+
+@pytest.mark.parametrize("entry, field, fragment", [
+    ({"value": 3.5, "unit": "GB", "source": "x"}, "eager_call_overhead.unit", "not a time"),
+    ({"value": 0, "unit": "us", "source": "x"}, "eager_call_overhead.value", "positive"),
+    ({"value": -1, "unit": "us", "source": "x"}, "eager_call_overhead.value", "positive"),
+    ({"value": 3.5, "unit": "us"}, "eager_call_overhead.source", "missing"),
+    (4, "eager_call_overhead", "mapping"),
+])
+def test_bad_eager_call_overhead(h200_text, tmp_path, entry, field, fragment):
+    path = edit(h200_text, tmp_path, lambda d: d.update(eager_call_overhead=entry))
+    expect_error(path, field, fragment)

@@ -149,8 +149,8 @@ def test_calibrate_every_round_and_merge(tmp_path, capsys, scripted_calibration)
     rc, said, err = run(GRID + ["--rounds", 2, "--calibrate", hw, "--quick-calibration", "--out", out], capsys)
     assert rc == 0, err
     assert scripted_calibration == [1.0, 2.0]
-    assert "rounds 1, 2 calibrated now, none kept" in said
-    rounds = [load_device(out / "calibration-rounds" / f"round-{r}.yaml") for r in (1, 2)]
+    assert "2 run(s) now, 0 kept" in said and "median over 2 calibration runs" in said
+    rounds = [load_device(out / "calibration-rounds" / f"round-{r}-tiny-gpt2.yaml") for r in (1, 2)]
     merged = load_device(hw)
     assert merged.name == "cpu-test-1t" and len(merged.calibration["merged_from"]) == 2
     # the median of two runs is their mean: dispatch 1x and 2x -> 1.5x
@@ -160,14 +160,14 @@ def test_calibrate_every_round_and_merge(tmp_path, capsys, scripted_calibration)
     # a third round: rounds 1-2 keep their files, only round 3 is calibrated, the merge covers all three
     rc, said, err = run(GRID + ["--rounds", 3, "--calibrate", hw, "--quick-calibration", "--out", out], capsys)
     assert rc == 0, err
-    assert scripted_calibration == [1.0, 2.0, 1.5] and "rounds 3 calibrated now, 1, 2 kept" in said
+    assert scripted_calibration == [1.0, 2.0, 1.5] and "1 run(s) now, 2 kept" in said
     merged = load_device(hw)
     assert len(merged.calibration["merged_from"]) == 3
     assert merged.launch_overhead_s == pytest.approx(1.5 * rounds[0].launch_overhead_s, rel=1e-3)
     # --fresh drops the old round calibrations with the old points
     rc, _, err = run(GRID + ["--calibrate", hw, "--quick-calibration", "--fresh", "--out", out], capsys)
     assert rc == 0, err
-    assert sorted(p.name for p in (out / "calibration-rounds").iterdir()) == ["round-1.yaml"]
+    assert sorted(p.name for p in (out / "calibration-rounds").iterdir()) == ["round-1-tiny-gpt2.yaml"]
 
 
 @pytest.mark.parametrize("argv, message", [
