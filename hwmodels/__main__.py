@@ -47,6 +47,9 @@ def show_rows(device) -> list[tuple[str, str, str]]:
     if device.eager_call_overhead_s is not None:
         rows.append(("eager_call_overhead", format_quantity(device.eager_call_overhead_s, "time"),
                      src["eager_call_overhead"]))
+    if device.eager_weight_switch_s is not None:
+        rows.append(("eager_weight_switch_overhead", format_quantity(device.eager_weight_switch_s, "time"),
+                     src["eager_weight_switch_overhead"]))
     return rows
 
 

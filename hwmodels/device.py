@@ -55,6 +55,9 @@ class Device:
     # per top-level call of eager model code (nn.Module machinery, output allocation, nested aten
     # calls, Python between calls): what eager profiles charge per launch; None: not calibrated
     eager_call_overhead_s: float | None = None
+    # what the eager calls around one streamed weight GEMV lose (their code and data were evicted by
+    # the stream): eager profiles charge it per weight-GEMM launch; None: not calibrated
+    eager_weight_switch_s: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -153,6 +156,7 @@ class Device:
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
             "eager_call_overhead_s": self.eager_call_overhead_s,
+            "eager_weight_switch_s": self.eager_weight_switch_s,
             "content_hash": self.content_hash,
             "source_path": self.source_path,
             "sources": dict(self.sources),

@@ -42,6 +42,9 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
     eager_call_overhead: {value: 4, unit: us, source: ...}   # optional: per top-level call of eager
                              # model code (hwmodels.calibrate's eager_call benchmark); eager profiles
                              # charge it instead of launch_overhead
+    eager_weight_switch_overhead: {value: 90, unit: us, source: ...}   # optional: what the eager calls
+                             # around one streamed weight GEMV lose (caches refilled after the stream;
+                             # the eager_stream benchmark); eager profiles charge it per weight-GEMM launch
     notes: optional free text
     calibration: optional provenance block written by hwmodels.calibrate (not used by the model)
 """
@@ -62,7 +65,8 @@ REQUIRED = ("schema_version", "name", "description", "memory_capacity", "memory_
             "peak_flops", "bw_efficiency", "compute_efficiency", "launch_overhead",
             "host_overhead")
 ATTN_TABLES = ("attn_scores_efficiency", "attn_values_efficiency")
-OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES, "eager_call_overhead")
+OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES, "eager_call_overhead",
+            "eager_weight_switch_overhead")
 QUANTITY_KEYS = ("value", "unit", "source")
 CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows",
                    **{key: "head_dim" for key in ATTN_TABLES}}
@@ -93,6 +97,7 @@ class ParsedFile:
     attn_scores_curve: object = None    # head width -> fraction of the streaming rate (q @ K^T)
     attn_values_curve: object = None    # the same for p @ V
     eager_call_overhead_s: float | None = None   # per top-level eager call (None: not in the file)
+    eager_weight_switch_s: float | None = None   # per weight-GEMM launch in eager code (None: not in the file)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -259,6 +264,8 @@ def parse(data: dict, path) -> ParsedFile:
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
     eager_call = (r.quantity(data, "eager_call_overhead", "eager_call_overhead", "time")
                   if "eager_call_overhead" in data else None)
+    switch = (r.quantity(data, "eager_weight_switch_overhead", "eager_weight_switch_overhead", "time")
+              if "eager_weight_switch_overhead" in data else None)
 
     notes = r.text(data, "notes", "notes") if "notes" in data else None
     calibration = data.get("calibration")
@@ -267,7 +274,7 @@ def parse(data: dict, path) -> ParsedFile:
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
                       launch, host, r.sources, notes, calibration, reference, rows_curve,
                       attn_scores_curve=scores_curve, attn_values_curve=values_curve,
-                      eager_call_overhead_s=eager_call)
+                      eager_call_overhead_s=eager_call, eager_weight_switch_s=switch)
 
 
 def _describe(value) -> str:

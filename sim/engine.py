@@ -65,6 +65,9 @@ class Setup:
     # seconds charged per launch: the device's eager_call_overhead_s for eager profiles on devices
     # that have it, else launch_overhead_s (see launch_seconds)
     launch_s: float
+    # seconds charged per weight-GEMM launch on top of launch_s: the device's eager_weight_switch_s for
+    # eager profiles (the eager calls after a streamed weight run with cold caches), else 0
+    switch_s: float
     # fractions of the streaming rate reached by the attention GEMVs over the KV cache at this
     # model's head width (Op.kv_stream); 1.0 on devices without the tables
     attn_scores_factor: float = 1.0
@@ -90,7 +93,8 @@ def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", p
                   act_dtype=ad, profile=prof, wb=dtype_bytes(wd), kvb=dtype_bytes(kd), ab=dtype_bytes(ad),
                   peak_gemm=float(hw_obj.peak_flops(wd)), peak_vector=float(hw_obj.peak_flops(ad)),
                   host_s=float(hw_obj.host_overhead_s) + prof.extra_host_overhead_s,
-                  launch_s=launch_seconds(hw_obj, prof), **_attn_factors(hw_obj, model_obj.head_dim))
+                  launch_s=launch_seconds(hw_obj, prof), switch_s=switch_seconds(hw_obj, prof),
+                  **_attn_factors(hw_obj, model_obj.head_dim))
     if len(_SETUP_CACHE) > 4096:
         _SETUP_CACHE.clear()
     _SETUP_CACHE[key] = (setup, hw, model)    # holding hw/model keeps their ids valid
@@ -103,6 +107,19 @@ def launch_seconds(hw, profile: Profile) -> float:
     the file has one; everything else pays launch_overhead_s (a bare dispatch / kernel launch)."""
     eager_call = getattr(hw, "eager_call_overhead_s", None) if profile.eager else None
     return hw.launch_overhead_s if eager_call is None else eager_call
+
+
+def switch_seconds(hw, profile: Profile) -> float:
+    """Extra time per weight-GEMM launch of an eager profile: on a CPU the stream of a weight evicts the
+    dispatcher's code and data, and the eager calls that follow refill them (hwmodels.calibrate's
+    eager_stream benchmark). Fused profiles and devices without the figure: 0."""
+    switch = getattr(hw, "eager_weight_switch_s", None) if profile.eager else None
+    return 0.0 if switch is None else float(switch)
+
+
+def streams_weights(op: Op) -> bool:
+    """A GEMM over the model's weights (each of its launches streams one weight matrix)."""
+    return op.gemm and bool(np.any(np.asarray(op.weight_bytes) > 0))
 
 
 def _attn_factors(hw, head_dim) -> dict:
@@ -204,7 +221,11 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     if kv_factors is not None:
         b_eff = b_eff * np.array(kv_factors).reshape(-1, *extra)
     t_memory = nbytes / (hw.memory_bw * b_eff)
-    per_op = (np.maximum(t_compute, t_memory) + launches * s.launch_s) * mult
+    per_launch = launches * s.launch_s
+    if s.switch_s:
+        per_launch = per_launch + launches * s.switch_s * np.array(
+            [streams_weights(op) for op in ops], dtype=float).reshape(-1, *extra)
+    per_op = (np.maximum(t_compute, t_memory) + per_launch) * mult
     parts = {"flops": flops, **byte_parts}
     fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
     t_compute, t_memory = t_compute * mult, t_memory * mult
@@ -226,11 +247,13 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     kv_factors = _kv_stream_factors(s, ops)
     if kv_factors is not None:
         b_eff = [be * f for be, f in zip(b_eff, kv_factors)]
-    bw, launch, n_layers = hw.memory_bw, s.launch_s, s.model.n_layers
+    bw, launch, switch, n_layers = hw.memory_bw, s.launch_s, s.switch_s, s.model.n_layers
     total = s.host_s if host else 0.0
     for op, f, b, ce, be in zip(ops, flops, nbytes, c_eff, b_eff):
         peak = s.peak_gemm if op.gemm else s.peak_vector
         t = max(f / (peak * ce), b / (bw * be)) + op.launches * launch
+        if switch and streams_weights(op):
+            t += op.launches * switch
         total += t * n_layers if op.per_layer else t
     return total
 

@@ -232,4 +232,6 @@ def print_summary(device, series, prov, out) -> None:
           f"{device.host_overhead_s * 1e6:.1f} us")
     if device.eager_call_overhead_s is not None:
         print(f"  eager call       {device.eager_call_overhead_s * 1e6:.2f} us per top-level call")
+    if device.eager_weight_switch_s is not None:
+        print(f"  eager switch     {device.eager_weight_switch_s * 1e6:.1f} us per streamed weight GEMV")
     print(f"  memory_bw (peak) {format_quantity(device.memory_bw, 'bandwidth')}")

@@ -117,6 +117,9 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
         **({"eager_call_overhead": _q(fit.eager_call_overhead_s * 1e6, "us", prov.source(
             f"eager_call: {series['eager_call'].what}; value = time per layer / top-level calls per layer"))}
            if fit.eager_call_overhead_s is not None else {}),
+        **({"eager_weight_switch_overhead": _q(fit.eager_switch_s * 1e6, "us", prov.source(
+            f"eager_stream: {series['eager_stream'].what}; value = (its time per layer - eager_call's) / "
+            "streamed weights per layer"))} if fit.eager_switch_s is not None else {}),
         "notes": (_what_notes(prov) + " Raw medians are under calibration.series; regenerate with "
                   "python -m hwmodels.calibrate."
                   + (" QUICK MODE: few sizes, warm caches; for tests, not for predictions."

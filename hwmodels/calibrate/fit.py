@@ -133,6 +133,7 @@ class FitResult:
     rows_from: str = ""
     attention: dict = field(default_factory=dict)   # "scores"/"values" -> fit_attention.AttnTable
     eager_call_overhead_s: float | None = None       # per top-level eager call (None: not measured)
+    eager_switch_s: float | None = None              # per weight GEMV between eager calls (None: not measured)
 
 
 def fit(series: dict, primary_dtype: str) -> FitResult:
@@ -168,7 +169,7 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch)
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
                      flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from,
-                     attention, fit_eager_call(series))
+                     attention, fit_eager_call(series), fit_eager_switch(series))
 
 
 def fit_eager_call(series: dict) -> float | None:
@@ -178,6 +179,17 @@ def fit_eager_call(series: dict) -> float | None:
     if eager is None or not eager.points:
         return None
     return float(np.median(eager.seconds() / eager.sizes()))
+
+
+def fit_eager_switch(series: dict) -> float | None:
+    """Seconds per streamed weight that the eager calls around it lose: (the eager_stream stack's time
+    per layer - the eager_call stack's) / streamed weights per layer, never below zero. None without
+    both series (GPU plans and older calibrations)."""
+    streamed, hot = series.get("eager_stream"), series.get("eager_call")
+    if streamed is None or hot is None or not streamed.points or not hot.points:
+        return None
+    per_layer = float(np.median(streamed.seconds())) - float(np.median(hot.seconds()))
+    return max(per_layer, 0.0) / float(np.median(streamed.sizes()))
 
 
 def skinny_side(name: str) -> int:

@@ -34,6 +34,11 @@ class Plan:
     attn_head_dims: tuple[int, ...] = ()
     attn_kv_bytes: tuple[int, ...] = (4 * MiB, 16 * MiB, 64 * MiB)
     attn_heads: int = 16
+    # eager_call on a CPU: stream one weight of this many bytes (rotating through eager_stream_pool_bytes)
+    # before every nn.Linear of the stack, as decode streams its weights between the small ops; 0: no
+    # streaming (the stack's own tiny state then stays in L1/L2, an optimistic per-call time)
+    eager_stream_weight_bytes: int = 0
+    eager_stream_pool_bytes: int = 0
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -66,6 +71,9 @@ class Plan:
                                  "the largest must fit in the buffer pool")
             for d in self.attn_head_dims:
                 self.attn_seq_len(kv[0], d)   # raises when a size holds no whole token
+        if self.eager_stream_weight_bytes < 0 or (self.eager_stream_weight_bytes
+                                                   and self.eager_stream_pool_bytes < 2 * self.eager_stream_weight_bytes):
+            raise ValueError("the eager-call weight stream needs a pool of at least two weights")
         if self.repeats < 3:
             raise ValueError("at least 3 repeats are needed for a meaningful median")
         if self.min_sample_s <= 0:
@@ -86,9 +94,10 @@ class Plan:
         return seq
 
     def n_points(self) -> int:
-        """Benchmark points, for the progress bar (dispatch, host step and eager call: 3)."""
+        """Benchmark points, for the progress bar (dispatch, host step and eager call: 3, plus the
+        streaming eager call where the plan streams)."""
         copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
-        return (3 + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
+        return (3 + bool(self.eager_stream_weight_bytes) + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
                 + sum(len(ns) for ns in self.gemm_sizes.values())
                 + len(self.skinny_sides) * len(self.skinny_rows)
                 + 2 * len(self.attn_head_dims) * len(self.attn_kv_bytes))
@@ -124,7 +133,10 @@ def make_plan(device: str, quick: bool) -> Plan:
                     skinny_sides=(1024, 2048, 4096),
                     # K of 4, 16, 64 MiB (fp32): 16 heads x 1024..16384 tokens at d=64; the widths
                     # of small (64) and 7B-class (128) models
-                    attn_head_dims=(64, 128))
+                    attn_head_dims=(64, 128),
+                    # 4 MiB weights (a 1024 x 1024 projection) from a 512 MiB pool, > the LLC: after each
+                    # one the dispatcher's own code and data are cold, as in a real decode step
+                    eager_stream_weight_bytes=4 * MiB, eager_stream_pool_bytes=512 * MiB)
     if device == "cuda" and quick:
         return Plan("cuda", "quick", _powers(64 * KiB, 64 * MiB), ("bf16",), {"bf16": (256, 1024, 4096)},
                     "bf16", pool_bytes=256 * MiB, repeats=3, min_sample_s=1e-3)
