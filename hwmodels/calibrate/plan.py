@@ -129,8 +129,9 @@ def make_plan(device: str, quick: bool) -> Plan:
                     {"fp32": (64, 128, 256, 512, 1024, 2048), "bf16": (64, 128, 256, 512, 1024, 2048, 4096),
                      "fp16": (256, 1024, 2048)},
                     "fp32", pool_bytes=GiB, repeats=11, min_sample_s=2e-3,
-                    # weights of 4, 16 and 64 MiB (fp32): the projection sizes of 0.1-7B models
-                    skinny_sides=(1024, 2048, 4096),
+                    # weights of 4, 16 and 64 MiB (fp32): the projection sizes of 0.1-7B models; rows to 256
+                    # so a prefill of a few hundred tokens reads a measured fraction, not the 64-row one
+                    skinny_sides=(1024, 2048, 4096), skinny_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                     # K of 4, 16, 64 MiB (fp32): 16 heads x 1024..16384 tokens at d=64; the widths
                     # of small (64) and 7B-class (128) models
                     attn_head_dims=(64, 128),

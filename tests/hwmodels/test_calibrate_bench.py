@@ -106,3 +106,28 @@ def test_measure_discounts_its_callers_own_busy_threads(monkeypatch):
         assert bool(warnings) == warns, (load, own, said)
         if warnings and own:
             assert "1 of it this process's own threads" in warnings[0]
+
+
+def test_streaming_plan_adds_the_eager_stream_series():
+    # real timer, tiny weights: the point is the series' shape and that the GEMVs' time is excluded
+    from hwmodels.calibrate.bench import WallTimer, median_seconds
+    from hwmodels.calibrate.eager_bench import STREAMS_PER_LAYER, run_eager_call
+    from hwmodels.calibrate.fit import Series
+    from hwmodels.calibrate.plan import Plan
+    plan = Plan("cpu", "quick", (64 * 2**10,), ("fp32",), {"fp32": (16,)}, "fp32", pool_bytes=2**20,
+                repeats=3, min_sample_s=1e-4, eager_stream_weight_bytes=64 * 2**10,
+                eager_stream_pool_bytes=512 * 2**10)
+    series, ticks = {}, []
+
+    def new(name, what, kind):
+        series[name] = Series(name, what, kind)
+        return series[name]
+
+    run_eager_call(plan, WallTimer(), new, ticks.append, median_seconds)
+    assert set(series) == {"eager_call", "eager_stream"} and len(ticks) == 2
+    streams, seconds = series["eager_stream"].points[0]
+    assert streams == STREAMS_PER_LAYER and seconds > 0
+    assert "streamed" in series["eager_stream"].what
+    with pytest.raises(ValueError, match="pool of at least two weights"):
+        Plan("cpu", "quick", (64 * 2**10,), ("fp32",), {"fp32": (16,)}, "fp32", pool_bytes=2**20, repeats=3,
+             min_sample_s=1e-4, eager_stream_weight_bytes=64 * 2**10, eager_stream_pool_bytes=64 * 2**10)

@@ -216,3 +216,19 @@ def test_eager_call_overhead_is_written_only_when_measured(tmp_path):
     assert device.launch_overhead_s == pytest.approx(LAUNCH)        # the dispatch figure is untouched
     assert "eager_call: synthetic decoder layers" in device.sources["eager_call_overhead"]
     assert device.calibration["series"]["eager_call"]["points_size_seconds"] == [[55, pytest.approx(1.925e-4)]]
+
+
+def test_eager_weight_switch_is_the_streamed_stack_minus_the_plain_one_per_weight(tmp_path):
+    series = synthetic_series()
+    series["eager_call"] = Series("eager_call", "synthetic decoder layers", "calls", [(55.0, 200e-6)])
+    assert fit(series, "fp32").eager_switch_s is None          # no streaming series: not measured
+    series["eager_stream"] = Series("eager_stream", "the same, weights streamed", "calls", [(7.0, 900e-6)])
+    result = fit(series, "fp32")
+    assert result.eager_switch_s == pytest.approx(100e-6)      # (900 - 200) us per layer / 7 weights
+    doc = build_document("test-cpu", "synthetic device", 16e9, "test", result, series, provenance(), "fp32")
+    assert doc["eager_weight_switch_overhead"]["value"] == pytest.approx(100.0)
+    device = write_and_check(tmp_path / "switch.yaml", doc)
+    assert device.eager_weight_switch_s == pytest.approx(100e-6)
+    # a streamed stack measured faster than the plain one (noise) is no negative cost
+    series["eager_stream"] = Series("eager_stream", "the same, weights streamed", "calls", [(7.0, 150e-6)])
+    assert fit(series, "fp32").eager_switch_s == 0.0

@@ -70,3 +70,35 @@ def test_fused_profile_ignores_the_eager_call(tmp_path):
 def test_devices_without_the_field_predict_as_before(toy_device):
     # Test doubles without eager_call_overhead_s (and without the attribute at all) use launch_overhead_s.
     assert make_setup(toy_device, "llama-2-7b", profile="hf-eager").launch_s == toy_device.launch_overhead_s
+
+
+def with_switch(tmp_path, name, microseconds):
+    """The shipped A100 file plus an eager_weight_switch_overhead entry."""
+    with open(load_device(A100).source_path) as f:
+        data = yaml.safe_load(f)
+    data["name"] = name
+    data["eager_weight_switch_overhead"] = {"value": microseconds, "unit": "us", "source": "test"}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def test_weight_switch_is_charged_once_per_weight_gemm_launch_of_eager_profiles(tmp_path):
+    switched = with_switch(tmp_path, "a100-switch", 100)
+    assert load_device(switched).eager_weight_switch_s == pytest.approx(100e-6)
+    assert load_device(A100).eager_weight_switch_s is None
+    model = "llama-2-7b"        # 32 layers; per layer q, k, v, o and gate, up, down: 7 weight GEMMs
+    for profile in ("hf-eager", "kvsim-eager"):
+        assert make_setup(switched, model, profile=profile).switch_s == pytest.approx(100e-6)
+        kv = np.full(1, 1000.0)
+        extra = (decode_step_time(switched, model, kv, profile=profile)
+                 - decode_step_time(A100, model, kv, profile=profile))
+        assert extra == pytest.approx((32 * 7 + 1) * 100e-6, rel=1e-6)     # + the LM head
+        # the vectorised path agrees with the scalar one
+        base = evaluate(A100, model, "full", profile=profile, **POINTS)["tpot_s"]
+        slow = evaluate(switched, model, "full", profile=profile, **POINTS)["tpot_s"]
+        assert np.allclose(slow - base, (32 * 7 + 1) * 100e-6, rtol=1e-6)
+    # fused profiles and devices without the figure: nothing added
+    assert make_setup(switched, model, profile="fused").switch_s == 0.0
+    assert make_setup(A100, model, profile="kvsim-eager").switch_s == 0.0
+    assert decode_step_time(switched, model, np.full(1, 1000.0)) == decode_step_time(A100, model, np.full(1, 1000.0))
