@@ -12,15 +12,19 @@ A100 = "a100-80g-sxm"
 POINTS = dict(batch=np.array([1.0, 4.0]), prompt=np.array([512.0, 2048.0]), gen=np.array([64.0, 32.0]))
 
 
-def with_eager_call(tmp_path, name, microseconds):
-    """The shipped A100 file plus an eager_call_overhead entry."""
+def with_time(tmp_path, name, key, microseconds):
+    """The shipped A100 file plus one optional time entry (eager_call_overhead, ...)."""
     with open(load_device(A100).source_path) as f:
         data = yaml.safe_load(f)
     data["name"] = name
-    data["eager_call_overhead"] = {"value": microseconds, "unit": "us", "source": "test"}
+    data[key] = {"value": microseconds, "unit": "us", "source": "test"}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
+
+
+def with_eager_call(tmp_path, name, microseconds):
+    return with_time(tmp_path, name, "eager_call_overhead", microseconds)
 
 
 def test_eager_profiles_are_marked():
@@ -72,19 +76,8 @@ def test_devices_without_the_field_predict_as_before(toy_device):
     assert make_setup(toy_device, "llama-2-7b", profile="hf-eager").launch_s == toy_device.launch_overhead_s
 
 
-def with_switch(tmp_path, name, microseconds):
-    """The shipped A100 file plus an eager_weight_switch_overhead entry."""
-    with open(load_device(A100).source_path) as f:
-        data = yaml.safe_load(f)
-    data["name"] = name
-    data["eager_weight_switch_overhead"] = {"value": microseconds, "unit": "us", "source": "test"}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
-
-
 def test_weight_switch_is_charged_once_per_weight_gemm_launch_of_eager_profiles(tmp_path):
-    switched = with_switch(tmp_path, "a100-switch", 100)
+    switched = with_time(tmp_path, "a100-switch", "eager_weight_switch_overhead", 100)
     assert load_device(switched).eager_weight_switch_s == pytest.approx(100e-6)
     assert load_device(A100).eager_weight_switch_s is None
     model = "llama-2-7b"        # 32 layers; per layer q, k, v, o and gate, up, down: 7 weight GEMMs
