@@ -127,13 +127,13 @@ def run_capture(config: CaptureConfig) -> Path:
     from traces.models import load_model
 
     info = dataset_info(config.dataset)
+    for spec in config.specs:  # bad policy names/parameters fail before the data and the model load
+        for ratio in config.ratios_for(spec):
+            make_policy(spec, ratio, config.recent_ratio, config.max_new_tokens, config.seed)
     samples = load_samples(config.dataset, config.n, config.seed)
     if len(samples) < config.n:
         print(f"note: dataset {config.dataset} has only {len(samples)} samples (asked for {config.n})",
               file=sys.stderr)
-    for spec in config.specs:  # bad policy names/parameters fail before the model loads
-        for ratio in config.ratios_for(spec):
-            make_policy(spec, ratio, config.recent_ratio, config.max_new_tokens, config.seed)
     out = config.out
     settings = config.settings([s.id for s in samples])
     if config.overwrite and out.exists():
