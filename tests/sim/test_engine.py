@@ -137,15 +137,16 @@ def test_decode_step_time_is_fast_enough_for_a_des(device):
     if device.name == "toy":
         pytest.skip("timed on shipped devices (the toy's efficiency curves are not what the DES runs)")
     # Best of up to three fresh interpreters: on the shared 2-core VM a whole process sometimes runs
-    # about 1.5x slower (thread CPU time 30 vs 50 us for the same code), whatever the code does.
+    # about 1.5x slower (thread CPU time 30 vs 50 us for the same code), whatever the code does; the
+    # bound (75 us, 2.5x the usual 30 us) still catches a real regression of the DES hot path.
     best = float("inf")
     for _ in range(3):
         out = subprocess.run([sys.executable, "-c", _TIME_DECODE_STEP, str(device.source_path)],
                              capture_output=True, text=True, check=True).stdout
         best = min(best, float(out.split()[-1]))
-        if best < 50e-6:
+        if best < 75e-6:
             break
-    assert best < 50e-6, f"{best * 1e6:.1f} us per call"
+    assert best < 75e-6, f"{best * 1e6:.1f} us per call"
 
 
 def test_kv_override_seam(device):
