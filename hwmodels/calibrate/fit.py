@@ -84,6 +84,13 @@ def raw_efficiency(sizes, seconds, peak_rate: float, overhead_s: float) -> np.nd
     return sizes / (peak_rate * busy)
 
 
+def round_fraction(value: float) -> float:
+    """Down to the written number of decimals (never above the measurement), at most 1, at least the
+    smallest representable fraction."""
+    scale = 10.0 ** DECIMALS
+    return max(math.floor(min(value, 1.0) * scale) / scale, SMALLEST_FRACTION)
+
+
 def consistent_table(sizes, fractions) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Make measured fractions a valid TableCurve: non-decreasing (isotonic fit), in (0, 1],
     never rising faster than size (a larger kernel is never predicted faster), rounded down
@@ -94,7 +101,6 @@ def consistent_table(sizes, fractions) -> tuple[tuple[int, ...], tuple[float, ..
     fitted = np.clip(isotonic_increasing(np.asarray(fractions, dtype=np.float64)[order]), 0.0, 1.0)
     out_sizes: list[int] = []
     out_fractions: list[float] = []
-    scale = 10.0 ** DECIMALS
     for size, value in zip(sizes, fitted):
         size = int(round(size))
         if out_sizes and size <= out_sizes[-1]:
@@ -102,7 +108,7 @@ def consistent_table(sizes, fractions) -> tuple[tuple[int, ...], tuple[float, ..
         if out_fractions:
             value = min(value, out_fractions[-1] * size / out_sizes[-1])
             value = max(value, out_fractions[-1])
-        value = max(math.floor(value * scale) / scale, SMALLEST_FRACTION)
+        value = round_fraction(value)
         if out_fractions:
             value = max(value, out_fractions[-1])
         out_sizes.append(size)

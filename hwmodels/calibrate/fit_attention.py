@@ -13,13 +13,12 @@ model's head width (hwmodels Device.attn_scores_factor / attn_values_factor).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..curves import TableCurve
-from .fit import DECIMALS, SMALLEST_FRACTION, raw_efficiency
+from .fit import raw_efficiency, round_fraction
 
 # kind -> (series prefix, hardware-file key, what the engine op computes)
 KINDS = {
@@ -37,12 +36,6 @@ class AttnTable:
 def head_dim_of(name: str) -> int:
     """'attn_scores_fp32_d64' -> 64."""
     return int(name.rsplit("_d", 1)[1])
-
-
-def round_fraction(value: float) -> float:
-    """Down to the written number of decimals (never above the measurement), at least the smallest."""
-    scale = 10.0 ** DECIMALS
-    return max(math.floor(min(value, 1.0) * scale) / scale, SMALLEST_FRACTION)
 
 
 def width_fraction(series, memory_bw: float, bw_curve, launch: float) -> float:

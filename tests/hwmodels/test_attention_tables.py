@@ -9,7 +9,7 @@ import yaml
 from hwmodels import load_device
 from hwmodels.calibrate.document import build_document, write_and_check
 from hwmodels.calibrate.fit import Series, fit
-from hwmodels.calibrate.fit_attention import round_fraction
+from hwmodels.calibrate.fit import round_fraction
 from hwmodels.calibrate.plan import Plan, make_plan
 
 from .test_calibrate_fit import LAUNCH, provenance, synthetic_series
