@@ -200,6 +200,14 @@ def _kv_stream_factors(s: Setup, ops) -> list | None:
     return [by_kind.get(op.kv_stream, 1.0) for op in ops]
 
 
+def _launch_costs(s: Setup, ops) -> list | None:
+    """Per op, seconds per launch: launch_s, plus switch_s for GEMMs over weights (eager profiles on
+    devices with eager_weight_switch_s); None when that is launch_s for every op."""
+    if not s.switch_s:
+        return None
+    return [s.launch_s + s.switch_s * streams_weights(op) for op in ops]
+
+
 def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
     """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
 
@@ -221,11 +229,9 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     if kv_factors is not None:
         b_eff = b_eff * np.array(kv_factors).reshape(-1, *extra)
     t_memory = nbytes / (hw.memory_bw * b_eff)
-    per_launch = launches * s.launch_s
-    if s.switch_s:
-        per_launch = per_launch + launches * s.switch_s * np.array(
-            [streams_weights(op) for op in ops], dtype=float).reshape(-1, *extra)
-    per_op = (np.maximum(t_compute, t_memory) + per_launch) * mult
+    costs = _launch_costs(s, ops)
+    per_launch = s.launch_s if costs is None else np.array(costs).reshape(-1, *extra)
+    per_op = (np.maximum(t_compute, t_memory) + launches * per_launch) * mult
     parts = {"flops": flops, **byte_parts}
     fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
     t_compute, t_memory = t_compute * mult, t_memory * mult
@@ -247,13 +253,12 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     kv_factors = _kv_stream_factors(s, ops)
     if kv_factors is not None:
         b_eff = [be * f for be, f in zip(b_eff, kv_factors)]
-    bw, launch, switch, n_layers = hw.memory_bw, s.launch_s, s.switch_s, s.model.n_layers
+    costs = _launch_costs(s, ops) or [s.launch_s] * len(ops)
+    bw, n_layers = hw.memory_bw, s.model.n_layers
     total = s.host_s if host else 0.0
-    for op, f, b, ce, be in zip(ops, flops, nbytes, c_eff, b_eff):
+    for op, f, b, ce, be, launch in zip(ops, flops, nbytes, c_eff, b_eff, costs):
         peak = s.peak_gemm if op.gemm else s.peak_vector
         t = max(f / (peak * ce), b / (bw * be)) + op.launches * launch
-        if switch and streams_weights(op):
-            t += op.launches * switch
         total += t * n_layers if op.per_layer else t
     return total
 
