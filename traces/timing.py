@@ -717,10 +717,10 @@ def round_calibration(args, grid: TimingGrid, out: Path) -> RoundCalibration | N
     target = Path(args.calibrate)
     if args.hw is not None:
         raise TimingError("--calibrate FILE.yaml writes the hardware file the points are predicted on: drop --hw")
-    if target.suffix not in (".yaml", ".yml"):
-        raise TimingError(f"--calibrate must end in .yaml or .yml, got {target}")
-    if not target.parent.is_dir():
-        raise TimingError(f"--calibrate: directory {target.parent} does not exist")
+    from hwmodels.calibrate.cli import output_problem   # torch-free: the same checks as calibrate --out
+    problem = output_problem("--calibrate", target)
+    if problem:
+        raise TimingError(problem)
     if not target.stem or any(c.isspace() for c in target.stem):
         raise TimingError(f"--calibrate: the file name names the device; one word please, got {target.name!r}")
     device = "cuda" if grid.device.startswith("cuda") else "cpu"

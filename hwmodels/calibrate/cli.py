@@ -72,6 +72,15 @@ def device_facts(device: str, torch) -> dict:
     }
 
 
+def output_problem(flag: str, path: Path) -> str | None:
+    """Why `path` cannot be a calibrated hardware file to write (one line naming `flag`), or None."""
+    if path.suffix not in (".yaml", ".yml"):
+        return f"{flag} must end in .yaml or .yml, got {path}"
+    if not path.parent.is_dir():
+        return f"{flag}: directory {path.parent} does not exist"
+    return None
+
+
 def parse_args(argv):
     parser = OneLineParser(
         prog="python -m hwmodels.calibrate",
@@ -99,10 +108,9 @@ def parse_args(argv):
     if args.name is not None and (not args.name or any(c.isspace() or c in "/\\" for c in args.name)):
         parser.error(f"--name must be one word without slashes, got {args.name!r}")
     args.out = args.out or Path(f"{args.name}.yaml")
-    if args.out.suffix not in (".yaml", ".yml"):
-        parser.error(f"--out must end in .yaml or .yml, got {args.out}")
-    if not args.out.parent.is_dir():
-        parser.error(f"--out: directory {args.out.parent} does not exist")
+    problem = output_problem("--out", args.out)
+    if problem:
+        parser.error(problem)
     return args
 
 
