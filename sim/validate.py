@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.validation.measured import find_timing_folders, load_timing
+from sim.validation.noise import noise_summary
 from sim.validation.points import collect, is_flagged, stats
 from sim.validation.references import load_references
 from sim.validation.report import (PLOT_NAME, POINTS_NAME, build_markdown, parity_plot, targets, write_points,
@@ -109,6 +110,10 @@ def setting_warnings(sources) -> list[str]:
     return list(dict.fromkeys(warnings))
 
 
+def _finite(value: float):
+    return round(float(value), 3) if np.isfinite(value) else None
+
+
 def summary_json(points, threshold: float, out_path: Path, sources) -> dict:
     by_regime = stats(points)
     by_source = stats(points, "source")
@@ -119,6 +124,11 @@ def summary_json(points, threshold: float, out_path: Path, sources) -> dict:
         "mape": {row.group: round(row.mape, 3) for row in by_regime.itertuples()},
         "max_error": {row.group: round(row.max_error, 3) for row in by_regime.itertuples()},
         "points_by_regime": {row.group: int(row.points) for row in by_regime.itertuples()},
+        # the measurement's own scatter between rounds (NaN -> null for groups without rounds)
+        "noise_floor": {row.group: _finite(row.noise_floor) for row in by_regime.itertuples()},
+        "measurement_noise": [{k: (round(v, 3) if isinstance(v, float) else
+                                   [round(m, 3) for m in v] if isinstance(v, list) else v) for k, v in row.items()}
+                              for row in noise_summary(points, threshold)],
         "by_origin_regime": {row.group: {"points": int(row.points), "mape": round(row.mape, 3),
                                          "max_error": round(row.max_error, 3)}
                              for row in stats(points, ["origin", "regime"]).itertuples()},

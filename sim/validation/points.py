@@ -12,10 +12,11 @@ from tqdm import tqdm
 
 from sim.models import load_model
 from sim.validation import predict
+from sim.validation.noise import noise_floor, parse_rounds, point_noise, ratio_rounds
 from sim.validation.references import describe, row_runs
 
 POINT_COLUMNS = ("origin", "source", "kind", "id", "configuration", "metric", "unit", "regime", "measured", "predicted",
-                 "error_pct", "profile", "hw", "calibration", "note")
+                 "error_pct", "profile", "hw", "calibration", "note", "round_values", "scatter_pct", "in_round_range")
 # Profiles predicted beside each point's own profile, to show what the software stack is worth.
 COMPARE_PROFILES = ("fused", "kvsim-eager", "hf-eager")
 
@@ -47,7 +48,8 @@ def reference_points(refs: pd.DataFrame, progress=None) -> tuple[pd.DataFrame, p
                          predicted=predicted, error_pct=_error(predicted, float(ref["value"])),
                          profile=run.profile, hw=run.device,
                          calibration="datasheet file (no calibration against this point)",
-                         note=f"{ref['paper']}; {ref['setting']}; {ref['precision']}"))
+                         note=f"{ref['paper']}; {ref['setting']}; {ref['precision']}",
+                         **point_noise(np.empty(0), 0.0, 0.0)))
         for profile in COMPARE_PROFILES:
             value = predicted if profile == run.profile else predict.reference_value(ref["metric"], run, base, profile)
             compare.append(dict(id=ref["id"], metric=ref["metric"], regime=ref["regime"], profile=profile,
@@ -65,6 +67,7 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     own = source.profile
     rows, compare = [], []
     predicted_by_profile: dict[tuple, dict[str, float]] = {}
+    rounds: dict[tuple, np.ndarray] = {}     # per-round medians of each point (traces.timing --rounds)
     device = predict._device(source.hw)
     calibration = (f"{device.name}: calibrated from microbenchmarks only; this grid was never an input"
                    if device.calibration else f"{device.name}: datasheet file")
@@ -92,11 +95,12 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
             note = f"p10-p90 {t['p10_s'] * 1e3:.1f}-{t['p90_s'] * 1e3:.1f} ms"
         note += _disturbance(t)
         measured = float(t["median_s"])
+        rounds[key] = parse_rounds(t.get("round_medians_s"))
         rows.append(dict(origin=source.origin, source=source.name, kind="measured", id=f"{source.name}/{t['phase']}/{label}/b{batch}/n{context}",
                          configuration=config, metric="step_latency_s" if t["phase"] == "decode" else "prefill_s",
                          unit="s", regime=regime, measured=measured, predicted=by_profile[own],
                          error_pct=_error(by_profile[own], measured), profile=own, hw=source.hw_display,
-                         calibration=calibration, note=note))
+                         calibration=calibration, note=note, **point_noise(rounds[key], measured, by_profile[own])))
         for profile, value in by_profile.items():
             compare.append(dict(id=rows[-1]["id"], metric=rows[-1]["metric"], regime=regime, profile=profile,
                                 own=profile == own, measured=measured, predicted=value,
@@ -113,13 +117,16 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         measured = float(t["median_s"]) / full[(batch, context)]
         num = predicted_by_profile[("decode", policy, ratio, batch, context)]
         den = predicted_by_profile[("decode", "full", 1.0, batch, context)]
+        per_round = ratio_rounds(rounds[("decode", policy, ratio, batch, context)],
+                                 rounds[("decode", "full", 1.0, batch, context)])
         rows.append(dict(origin=source.origin, source=source.name, kind="measured",
                          id=f"{source.name}/ratio/{policy} {ratio:g}/b{batch}/n{context}",
                          configuration=f"{model.name} b{batch} ctx{context} {policy} {ratio:g} / full",
                          metric="latency_ratio", unit="x", regime="eviction-ratio", measured=measured,
                          predicted=num[own] / den[own], error_pct=_error(num[own] / den[own], measured),
                          profile=own, hw=source.hw_display, calibration=calibration,
-                         note="step latency of the policy / of full, same batch and context"))
+                         note="step latency of the policy / of full, same batch and context",
+                         **point_noise(per_round, measured, num[own] / den[own])))
         for profile in num:
             value = num[profile] / den[profile]
             compare.append(dict(id=rows[-1]["id"], metric="latency_ratio", regime="eviction-ratio", profile=profile,
@@ -146,7 +153,8 @@ def collect(refs: pd.DataFrame, sources: list, show_progress: bool = True) -> tu
 
 
 def stats(points: pd.DataFrame, by: str | list | None = "regime") -> pd.DataFrame:
-    """points, MAPE, max |error| (and the point that has it) per group, plus an 'overall' row."""
+    """points, MAPE, max |error| (and the point that has it) and the measurement's own noise floor
+    (sim/validation/noise.py; NaN for groups without per-round data) per group, plus an 'overall' row."""
     groups = list(points.groupby(by, sort=False)) if by else []
     groups = [(" / ".join(name) if isinstance(name, tuple) else name, g) for name, g in groups]
     groups.append(("overall", points))
@@ -157,8 +165,8 @@ def stats(points: pd.DataFrame, by: str | list | None = "regime") -> pd.DataFram
         err = group["error_pct"].abs()
         worst = group.loc[err.idxmax()]
         out.append(dict(group=name, points=len(group), mape=float(err.mean()), max_error=float(err.max()),
-                        median_error=float(err.median()), worst=worst["id"]))
-    return pd.DataFrame(out, columns=["group", "points", "mape", "max_error", "median_error", "worst"])
+                        median_error=float(err.median()), noise_floor=noise_floor(group), worst=worst["id"]))
+    return pd.DataFrame(out, columns=["group", "points", "mape", "max_error", "median_error", "noise_floor", "worst"])
 
 
 def is_flagged(points: pd.DataFrame, threshold: float) -> pd.Series:

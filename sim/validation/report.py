@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sim.cli import atomic_write_text, atomic_writer
+from sim.validation.noise import noise_summary
 from sim.validation.points import is_flagged, stats
 
 REGIME_TITLES = {
@@ -29,6 +30,7 @@ REGIME_TITLES = {
     "capacity": "capacity (largest batch that fits)",
 }
 PLOT_NAME = "validation-parity.png"
+SCATTER_HEADER = "round scatter % (prediction within rounds?)"
 POINTS_NAME = "validation-points.csv"   # every point, machine-readable (notebooks read it)
 
 
@@ -163,13 +165,19 @@ def _stats_table(df: pd.DataFrame, title_map=None) -> str:
     if title_map:
         df["group"] = df["group"].map(lambda g: title_map.get(g, g))
     return _table(df, [("group", "group"), ("points", "points"), ("mape", "MAPE %"), ("max_error", "max |error| %"),
-                       ("median_error", "median |error| %"), ("worst", "worst point")])
+                       ("median_error", "median |error| %"), ("noise_floor", "noise floor %"),
+                       ("worst", "worst point")])
 
 
 def _point_rows(points: pd.DataFrame, threshold: float) -> pd.DataFrame:
     df = points.copy()
     df["flag"] = np.where(is_flagged(df, threshold), "**ABOVE**", "")
     df["error"] = df["error_pct"].map(lambda e: f"{e:+.1f}")
+    if "scatter_pct" in df.columns:   # measured points with rounds: error next to the measurement's own scatter
+        df["scatter"] = [f"{s:.1f} ({r})" if np.isfinite(s) else "" for s, r in
+                         zip(df["scatter_pct"].astype(float), df["in_round_range"])]
+    else:
+        df["scatter"] = ""
     return df
 
 
@@ -205,12 +213,13 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
     tg = pd.DataFrame(targets(points, threshold))
     out += ["### Targets", "", _table(tg, [("target", "target"), ("kind", "statistic"), ("points", "points"),
                                              ("value", "value %"), ("limit", "limit %"), ("status", "status")]), ""]
+    out += _noise_section(points, threshold)
     out += [f"## Points above {threshold:g}% ({len(flagged)})", ""]
     if len(flagged):
         out += [_table(_point_rows(flagged, threshold), [("source", "source"), ("configuration", "configuration"),
                                                          ("metric", "metric"), ("measured", "measured"),
                                                          ("predicted", "predicted"), ("error", "error %"),
-                                                         ("profile", "profile")]), ""]
+                                                         ("scatter", SCATTER_HEADER), ("profile", "profile")]), ""]
     else:
         out += ["None.", ""]
     out += ["## Error by regime", "", _stats_table(overall, REGIME_TITLES), "",
@@ -234,8 +243,29 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
             _table(_point_rows(points, threshold), [("source", "source"), ("configuration", "configuration"),
                                                     ("metric", "metric"), ("regime", "regime"),
                                                     ("measured", "measured"), ("predicted", "predicted"),
-                                                    ("error", "error %"), ("flag", "flag"), ("note", "note")]), ""]
+                                                    ("error", "error %"), ("scatter", SCATTER_HEADER), ("flag", "flag"),
+                                                    ("note", "note")]), ""]
     return "\n".join(out)
+
+
+def _noise_section(points: pd.DataFrame, threshold: float) -> list[str]:
+    """Model error beside the measurement's own noise (sim/validation/noise.py), for points with rounds."""
+    rows = noise_summary(points, threshold)
+    if not rows:
+        return []
+    out = ["### Measurement noise", "",
+           "Measured points taken in several round-robin rounds (`traces.timing --rounds`) keep their per-round "
+           "medians. *Noise floor*: the mean |round value - reported value| / reported value, i.e. the MAPE a "
+           "perfect model would score against one round. *Single rounds*: the model's MAPE against each round "
+           "alone (how much a MAPE figure moves with the machine's phase). *Within rounds*: points above "
+           f"{threshold:g}% whose prediction lies between their lowest and highest round value.", ""]
+    df = pd.DataFrame(rows)
+    df["rounds"] = df["mape_by_round"].map(lambda v: " / ".join(f"{m:.1f}" for m in v) if v else "n/a")
+    df["within"] = [f"{a} of {n}" for a, n in zip(df["above_in_round_range"], df["above"])]
+    out += [_table(df, [("origin", "origin"), ("points_of", "points"), ("points", "n"), ("mape", "MAPE %"),
+                        ("rounds", "MAPE % against single rounds"), ("noise_floor", "noise floor %"),
+                        ("within", f"above {threshold:g}% but within rounds")]), ""]
+    return out
 
 
 def _paper_section(points: pd.DataFrame, compare: pd.DataFrame) -> list[str]:

@@ -38,11 +38,12 @@ def write_refs(path: Path, rows) -> Path:
     return path
 
 
-def write_timing_folder(folder: Path, errors: dict[tuple, float]) -> dict:
+def write_timing_folder(folder: Path, errors: dict[tuple, float], rounds: dict[tuple, list] | None = None) -> dict:
     """A timing folder whose measured medians are the kvsim-eager prediction times (1 + error).
 
     `errors` maps (phase, policy, ratio, batch, context) -> intended relative error of the *prediction*
-    (prediction = measured * (1 + e)), so the report must show exactly those errors."""
+    (prediction = measured * (1 + e)), so the report must show exactly those errors. `rounds` (optional)
+    maps the same keys to per-round factors: round r measured median * factor r (traces.timing --rounds)."""
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
     from sim.models import load_model
@@ -59,6 +60,9 @@ def write_timing_folder(folder: Path, errors: dict[tuple, float]) -> dict:
                          kv_tokens=slots - 1, slots=slots, median_s=measured, p10_s=measured, p90_s=measured,
                          mean_s=measured, min_s=measured, cpu_median_s=measured, repeats=3, warmup=1, threads=1,
                          omp_wait_policy="ACTIVE", dtype="fp32", load_1min=0.1, measured_at="2026-01-01T00:00:00"))
+        if rounds is not None:
+            factors = rounds.get((phase, policy, ratio, batch, context), [])
+            rows[-1].update(rounds=len(factors), round_medians_s=" ".join(f"{measured * f!r}" for f in factors))
     pd.DataFrame(rows).to_parquet(folder / "timing.parquet")
     manifest = {"schema_version": 1, "kind": "kvsim-timing", "model": {"name": folder.name, "n_params": 1e6},
                 "hw_device": DEVICE, "software": "kvsim-eager", "device": "cpu", "dtype": "fp32",
@@ -230,3 +234,52 @@ def test_repo_report_regenerates(tmp_path, capsys, real_device):
     summary = json.loads(out)
     assert summary["points"] >= 22
     assert (tmp_path / "validation-report.md").exists()
+
+
+def test_measurement_noise_is_shown_beside_the_error(tmp_path, capsys, real_device):
+    """Per-round medians give each point its scatter, the noise floor per regime and the MAPE against
+    single rounds; folders without rounds get none (null), never a guess."""
+    full, kf = ("decode", "full", 1.0, 1, 256), ("decode", "keyformer", 0.5, 1, 256)
+    errors = {full: 0.20, kf: 0.0}
+    # full: rounds at 0.9x, 1.0x, 1.3x the median -> scatter (0.1 + 0 + 0.3) / 3 = 13.33%; the prediction
+    # (1.2x the median) lies inside [0.9, 1.3]. keyformer: every round at the median -> scatter 0.
+    write_timing_folder(tmp_path / "m" / "tiny", errors, rounds={full: [0.9, 1.0, 1.3], kf: [1.0, 1.0, 1.0]})
+    rc, out, err = run_cli(["--out", tmp_path / "r", "--measured", tmp_path / "m", "--no-references", "--json",
+                            "--quiet"], capsys)
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["noise_floor"]["decode-b1"] == pytest.approx(40 / 3 / 2, abs=1e-3)
+    # the keyformer/full ratio per round: 1/0.9, 1/1.0, 1/1.3 against the median ratio 1.0
+    ratio_scatter = (abs(1 / 0.9 - 1) + abs(1 / 1.3 - 1)) / 3 * 100
+    assert summary["noise_floor"]["eviction-ratio"] == pytest.approx(ratio_scatter, abs=1e-3)
+    decode = next(r for r in summary["measurement_noise"] if r["points_of"] == "decode-step latency")
+    assert decode["points"] == 2 and decode["above"] == 1 and decode["above_in_round_range"] == 1
+    # against round 0: full predicted 1.2 vs 0.9 (+33.3%), keyformer 0% -> 16.67%
+    assert decode["mape_by_round"][0] == pytest.approx((1.2 / 0.9 - 1) * 100 / 2, abs=1e-2)
+    assert decode["mape_by_round"][2] == pytest.approx((1 - 1.2 / 1.3) * 100 / 2, abs=1e-2)
+    text = (tmp_path / "r" / "validation-report.md").read_text()
+    assert "### Measurement noise" in text and "1 of 1" in text
+    assert "13.3 (yes)" in text.split("## Points above 10%")[1]
+    table = pd.read_csv(tmp_path / "r" / "validation-points.csv")
+    assert {"round_values", "scatter_pct", "in_round_range"} <= set(table.columns)
+
+
+def test_no_rounds_no_noise_figures(fixture_set, capsys):
+    tmp, refs, _ = fixture_set
+    rc, out, err = run_cli(["--out", tmp / "r", "--references", refs, "--measured", tmp / "measured", "--json",
+                            "--quiet"], capsys)
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert set(summary["noise_floor"].values()) == {None} and summary["measurement_noise"] == []
+    assert "### Measurement noise" not in (tmp / "r" / "validation-report.md").read_text()
+
+
+def test_unreadable_round_medians_are_a_one_line_error(tmp_path, capsys, real_device):
+    key = ("decode", "full", 1.0, 1, 256)
+    write_timing_folder(tmp_path / "m" / "tiny", {key: 0.0}, rounds={key: [1.0, 1.0]})
+    path = tmp_path / "m" / "tiny" / "timing.parquet"
+    table = pd.read_parquet(path)
+    table["round_medians_s"] = "0.1 zero"
+    table.to_parquet(path)
+    rc, _, err = run_cli(["--out", tmp_path / "r", "--measured", tmp_path / "m", "--no-references"], capsys)
+    assert rc == 2 and "round_medians_s" in err and err.count("\n") == 1
