@@ -238,6 +238,7 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
                 _table(comp, [("source", "source"), ("regime", "regime")] + [(p, p) for p in profiles]
                        + [("used", "used")]), ""]
     out += _paper_section(points, compare)
+    out += _context_slope_section(points, refs)
     out += _provenance_section(sources, refs, hw_notes)
     out += ["## All points", "",
             _table(_point_rows(points, threshold), [("source", "source"), ("configuration", "configuration"),
@@ -286,6 +287,65 @@ def _paper_section(points: pd.DataFrame, compare: pd.DataFrame) -> list[str]:
             "(sim/profile_hf_eager.py), `fused` is the ideal one-pass roofline. Rows are predicted under the "
             "profile named in their `software` column; the others are shown for comparison.", "",
             _table(df, cols), ""]
+
+
+SLOPE_KEYS = ["model", "device", "software", "dtype", "batch", "beam", "policy", "cache_ratio"]
+
+
+def context_slopes(points: pd.DataFrame, refs: pd.DataFrame) -> pd.DataFrame:
+    """Per-token time vs prompt length, published and predicted: a least-squares line t = a + b x n
+    (ms, n in thousands of prompt tokens) through every group of tokens/s rows that differ only in
+    prompt (and gen) length. It splits an absolute error into a fixed per-step part (a) and a part
+    that grows with the context (b), which is what a speedup ratio between policies depends on."""
+    if not len(refs) or "metric" not in refs.columns:
+        return pd.DataFrame()
+    rows = refs[refs["metric"] == "tokens_per_s"].merge(points[["id", "predicted"]], on="id")
+    out = []
+    for key, group in rows.groupby(SLOPE_KEYS, sort=False):
+        if group["prompt"].nunique() < 2:
+            continue
+        n = group["prompt"].to_numpy(float) / 1000.0
+        fits = {}
+        for side, column in (("published", "value"), ("predicted", "predicted")):
+            per_token_ms = 1000.0 / group[column].to_numpy(float) * group["batch"].to_numpy(float)
+            fits[side] = np.polyfit(n, per_token_ms, 1)          # (slope b, intercept a)
+        label = dict(zip(SLOPE_KEYS, key))
+        policy = label["policy"] if label["policy"] == "full" else f"{label['policy']} {float(label['cache_ratio']):g}"
+        out.append(dict(group=f"{label['model']} {label['device']} {label['dtype']} b{int(label['batch'])}x"
+                              f"{int(label['beam'])}beam {policy}",
+                        prompts=" / ".join(str(int(v)) for v in sorted(group["prompt"].unique())),
+                        pub_slope=fits["published"][0], pred_slope=fits["predicted"][0],
+                        slope_error=(fits["predicted"][0] / fits["published"][0] - 1) * 100,
+                        pub_intercept=fits["published"][1], pred_intercept=fits["predicted"][1],
+                        weights_floor=_weights_floor_ms(group.iloc[0])))
+    return pd.DataFrame(out)
+
+
+def _weights_floor_ms(row) -> float:
+    """One decode step's weight bytes at the device's peak bandwidth (ms): no a can be below it."""
+    from sim.models import load_model
+    from sim.validation import predict
+    device = predict._device(row["device"])
+    weights, _ = predict.decode_bytes(device, load_model(row["model"]), int(row["batch"]) * int(row["beam"]), 1.0,
+                                      row["policy"], row["dtype"], row["software"])
+    return weights / device.memory_bw * 1000.0
+
+
+def _context_slope_section(points: pd.DataFrame, refs: pd.DataFrame) -> list[str]:
+    df = context_slopes(points, refs)
+    if not len(df):
+        return []
+    df["slope_err"] = df["slope_error"].map(lambda e: f"{e:+.1f}")
+    return ["### Published throughput as a line in the context length", "",
+            "Time per generated token (ms, per request) fitted as a + b x prompt (b per 1k prompt tokens) through "
+            "the rows that differ only in length, published and predicted. At long prompts a speedup between "
+            "two policies tends to the ratio of their b; a mismatch in a matters at short prompts and in the "
+            "absolute numbers. The last column is the floor under a: one step's weight bytes at the device's "
+            "peak bandwidth.", "",
+            _table(df, [("group", "rows"), ("prompts", "prompts"), ("pub_slope", "published b (ms/1k)"),
+                        ("pred_slope", "predicted b (ms/1k)"), ("slope_err", "b error %"),
+                        ("pub_intercept", "published a (ms)"), ("pred_intercept", "predicted a (ms)"),
+                        ("weights_floor", "weights at peak bandwidth (ms)")]), ""]
 
 
 def _rounds_note(table: pd.DataFrame) -> str:

@@ -283,3 +283,27 @@ def test_unreadable_round_medians_are_a_one_line_error(tmp_path, capsys, real_de
     table.to_parquet(path)
     rc, _, err = run_cli(["--out", tmp_path / "r", "--measured", tmp_path / "m", "--no-references"], capsys)
     assert rc == 2 and "round_medians_s" in err and err.count("\n") == 1
+
+
+def test_context_slopes_split_throughput_rows_into_fixed_and_per_context_parts(real_device):
+    """The line through Table 1's Full rows: published from the CSV's own numbers, predicted from the
+    engine's, and the weight floor = one fp32 MPT-7B step's weight bytes at the A100's 2,039 GB/s."""
+    from sim.validation.points import reference_points
+    from sim.validation.report import context_slopes
+    refs = load_references([REFERENCES_DIR / "keyformer_mlsys24.csv"])
+    table1 = refs[(refs["metric"] == "tokens_per_s") & (refs["batch"] == 1)]
+    points, _ = reference_points(table1)
+    slopes = context_slopes(points, table1).set_index("group")
+    assert len(slopes) == 3                      # full, h2o 0.9, keyformer 0.5 at 1k / 2k / 4k
+    full = slopes.loc[[g for g in slopes.index if g.endswith(" full")][0]]
+    rows = table1[table1["policy"] == "full"].merge(points[["id", "predicted"]], on="id")
+    n = rows["prompt"].to_numpy(float) / 1000
+    b, a = np.polyfit(n, 1000 / rows["value"].to_numpy(float), 1)
+    assert full["pub_slope"] == pytest.approx(b) and full["pub_intercept"] == pytest.approx(a)
+    assert full["pred_slope"] == pytest.approx(np.polyfit(n, 1000 / rows["predicted"].to_numpy(float), 1)[0])
+    assert full["pub_slope"] == pytest.approx(26.16, abs=0.01)
+    # 6.65 G parameters x 4 bytes / 2.039 TB/s is about 13 ms; no a can be below it
+    assert 12.5 < full["weights_floor"] < 13.5
+    assert (slopes["pred_intercept"] > slopes["weights_floor"]).all()
+    # a group with a single prompt length has no line
+    assert context_slopes(points, table1[table1["prompt"] == 1024]).empty
