@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hwmodels.calibrate.hostinfo import contended
 from sim.validation.measured import find_timing_folders, load_timing
 from sim.validation.noise import noise_summary
 from sim.validation.points import collect, is_flagged, stats
@@ -103,10 +104,11 @@ def setting_warnings(sources) -> list[str]:
                                 "remeasure on a quiet machine")
         if cal.get("mode") == "quick":
             warnings.append(f"`{s.hw_label}` is a QUICK calibration (warm caches, few sizes): not for predictions")
-        before = ((cal.get("load_average") or {}).get("before") or [0.0])[0]
-        if before and float(before) > 1.0:
-            warnings.append(f"`{s.hw_label}` was calibrated at load average {float(before):.1f} (other processes running): "
-                            "its bandwidth and FLOP rates may be understated")
+        load = cal.get("load_average") or {}
+        if cal.get("device") == "cpu" and contended(load.get("before"), load.get("own_threads", 0.0)):
+            own = f", {load['own_threads']:g} of it its own threads" if load.get("own_threads") else ""
+            warnings.append(f"`{s.hw_label}` was calibrated at load average {float(load['before'][0]):.1f}{own} (other "
+                            "processes running): its bandwidth and FLOP rates may be understated")
     return list(dict.fromkeys(warnings))
 
 

@@ -142,7 +142,7 @@ def measure(device: str, quick: bool, omp: str, progress=None, say=None, own_loa
     facts = device_facts(device, torch)
     say(f"calibrating {device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {load_before}")
-    if device == "cpu" and load_before and load_before[0] - own_load > hostinfo.BUSY_LOAD:
+    if device == "cpu" and hostinfo.contended(load_before, own_load):
         # Spinning OpenMP threads that lose their core stall a parallel op for a scheduler
         # tick (~4-16 ms): timings under load are inflated, sometimes by orders of magnitude.
         own = f" ({own_load:g} of it this process's own threads)" if own_load else ""
@@ -155,7 +155,7 @@ def measure(device: str, quick: bool, omp: str, progress=None, say=None, own_loa
         omp_wait_policy=omp, torch_version=str(torch.__version__), threads=torch.get_num_threads(),
         repeats=plan.repeats, timer=make_timer(device).name,
         wall_time_s=time.perf_counter() - started, load_before=load_before,
-        load_after=hostinfo.load_average(), llc_bytes=facts["llc_bytes"], pool_bytes=plan.pool_bytes,
+        load_after=hostinfo.load_average(), own_load=own_load, llc_bytes=facts["llc_bytes"], pool_bytes=plan.pool_bytes,
         settings=facts["settings"], python_version=platform.python_version(),
         numpy_version=numpy.__version__)
     return Calibration(series, prov, facts, plan)

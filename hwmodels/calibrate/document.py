@@ -11,7 +11,7 @@ from ..registry import load_device
 from ..schema import SCHEMA_VERSION
 from .fit import FitResult
 from .fit_attention import attention_documents
-from .hostinfo import BUSY_LOAD
+from .hostinfo import contended, other_load
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class Provenance:
     # Set when the numbers are the median of several calibrations (merge.py): one mapping per
     # input run (file, date, load_average, wall_time_s), in input order.
     merged_from: tuple = ()
+    # Busy threads of the calibrating process itself at the start (traces.timing --calibrate: its
+    # measurement thread), excluded from the load average before the contention check.
+    own_load: float = 0.0
 
     def __post_init__(self):
         if self.repeats < 1 or self.wall_time_s < 0:
@@ -125,9 +128,8 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
                   + (" QUICK MODE: few sizes, warm caches; for tests, not for predictions."
                      if prov.mode == "quick" else "")
                   + (f" WARNING: measured under CPU contention (load average {prov.load_before[0]} at "
-                     "start): timings are inflated; regenerate on a quiet machine."
-                     if prov.device == "cpu" and prov.load_before and prov.load_before[0] > BUSY_LOAD
-                     else "")),
+                     f"start{_own_note(prov.own_load)}): timings are inflated; regenerate on a quiet machine."
+                     if prov.device == "cpu" and contended(prov.load_before, prov.own_load) else "")),
         "calibration": {
             "tool": "hwmodels.calibrate",
             "mode": prov.mode,
@@ -142,7 +144,8 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
             "repeats": prov.repeats,
             "statistic": (f"median over {len(prov.merged_from)} calibration runs of: " if prov.merged_from else "")
                          + "median over repeats of the mean time per call within a sample",
-            "load_average": {"before": prov.load_before, "after": prov.load_after},
+            "load_average": {"before": prov.load_before, "after": prov.load_after,
+                             **({"own_threads": prov.own_load} if prov.own_load else {})},
             "last_level_cache": prov.llc_bytes,
             "pool_bytes": prov.pool_bytes,
             **({"merged_from": list(prov.merged_from)} if prov.merged_from else {}),
@@ -156,6 +159,17 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
         },
     }
     return doc
+
+
+def _own_note(own_load: float) -> str:
+    return f", {own_load:g} of it the calibrating process's own threads" if own_load else ""
+
+
+def busiest_start(load_averages: list[dict]) -> tuple[list | None, float]:
+    """(load average before, own threads) of the run whose start had the most load from others."""
+    starts = [(list(la["before"]), float(la.get("own_threads") or 0.0))
+              for la in load_averages if la and la.get("before")]
+    return max(starts, key=lambda s: other_load(*s), default=(None, 0.0))
 
 
 def _what_notes(prov: Provenance) -> str:

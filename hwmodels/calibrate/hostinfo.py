@@ -11,6 +11,19 @@ from pathlib import Path
 BUSY_LOAD = 0.5
 
 
+def other_load(load_average, own_threads: float = 0.0) -> float:
+    """The 1-minute load average minus the calibrating process's own busy threads (e.g. traces.timing's
+    spinning measurement thread, which keeps the load average near its count): the load of others."""
+    if not load_average:
+        return 0.0
+    return float(load_average[0]) - float(own_threads or 0.0)
+
+
+def contended(load_average, own_threads: float = 0.0) -> bool:
+    """Whether other processes were busy when a CPU calibration started (its timings then inflated)."""
+    return other_load(load_average, own_threads) > BUSY_LOAD
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -20,7 +20,7 @@ import yaml
 
 from ..errors import HardwareFileError
 from ..registry import load_device
-from .document import Provenance, build_document, write_and_check
+from .document import Provenance, build_document, busiest_start, write_and_check
 from .fit import Series, fit
 
 # Env entries that Provenance holds in their own fields; the rest are backend settings.
@@ -97,16 +97,15 @@ def merged_provenance(paths: list[Path], docs: list[dict]) -> Provenance:
     runs = tuple({"file": p.name, "date": str(d["calibration"].get("date")),
                   "load_average": d["calibration"].get("load_average"),
                   "wall_time_s": d["calibration"].get("wall_time_s")} for p, d in zip(paths, docs))
-    befores = [(d["calibration"].get("load_average") or {}).get("before") for d in docs]
-    # The busiest start among the runs: the contention warning then fires if any run was contended.
-    # (a copy: a list shared with `runs` would be written as a YAML anchor)
-    busiest = max((list(b) for b in befores if b), key=lambda b: b[0], default=None)
+    # The busiest start among the runs (others' load): the contention warning then fires if any run was
+    # contended. (busiest_start copies the list: one shared with `runs` would be written as a YAML anchor)
+    busiest, own = busiest_start([d["calibration"].get("load_average") or {} for d in docs])
     return Provenance(
         device=last["device"], mode=last["mode"], host=last["host"], date=str(last["date"]),
         omp_wait_policy=str(env.get("OMP_WAIT_POLICY")), torch_version=str(last["versions"]["torch"]),
         threads=int(env["torch_threads"]), repeats=int(last["repeats"]), timer=str(env.get("timer")),
         wall_time_s=sum(float(d["calibration"].get("wall_time_s") or 0.0) for d in docs),
-        load_before=busiest, load_after=(last.get("load_average") or {}).get("after"),
+        load_before=busiest, own_load=own, load_after=(last.get("load_average") or {}).get("after"),
         llc_bytes=last.get("last_level_cache"), pool_bytes=int(last["pool_bytes"]),
         settings={k: v for k, v in env.items() if k not in OWN_ENV_KEYS},
         python_version=str(last["versions"]["python"]), numpy_version=str(last["versions"]["numpy"]),

@@ -132,6 +132,14 @@ def test_contention_is_flagged_in_the_notes():
     quiet = build_document("x", "d", 1e9, "t", result, series, provenance(), "fp32")
     assert "CPU contention (load average 9.8" in busy["notes"]
     assert "contention" not in quiet["notes"]
+    # a caller's own busy thread (traces.timing --calibrate) is not contention, and is recorded
+    own = build_document("x", "d", 1e9, "t", result, series, provenance(load_before=[1.2, 1, 1], own_load=1.0),
+                         "fp32")
+    assert "contention" not in own["notes"] and own["calibration"]["load_average"]["own_threads"] == 1.0
+    others = build_document("x", "d", 1e9, "t", result, series, provenance(load_before=[1.8, 1, 1], own_load=1.0),
+                            "fp32")
+    assert "load average 1.8 at start, 1 of it the calibrating process's own threads" in others["notes"]
+    assert "own_threads" not in quiet["calibration"]["load_average"]
 
 
 def test_full_mode_source_has_no_quick_marker():

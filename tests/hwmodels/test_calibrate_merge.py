@@ -41,12 +41,12 @@ def test_merge_series_drops_what_some_run_lacks():
         merge_series([])
 
 
-def write_run(path, scale, date, load):
+def write_run(path, scale, date, load, own=0.0):
     """A calibrated file whose series are the synthetic ones times `scale`."""
     series = {name: Series(s.name, s.what, s.size_kind, [(x, t * scale) for x, t in s.points])
               for name, s in synthetic_series().items()}
     doc = build_document("test-cpu", "synthetic device", 16e9, "test meminfo", fit(series, "fp32"), series,
-                         provenance(date=date, load_before=[load, 0.1, 0.1]), "fp32")
+                         provenance(date=date, load_before=[load, 0.1, 0.1], own_load=own), "fp32")
     write_and_check(path, doc)
     return series
 
@@ -90,6 +90,23 @@ def test_merge_cli_writes_a_loadable_file_with_provenance(three_runs, tmp_path):
     assert cal["wall_time_s"] == pytest.approx(4.5)
     assert all("median over 3 calibration runs" in source for source in device.sources.values())
     assert "test meminfo" in device.sources["memory_capacity"]
+
+
+def test_merge_judges_contention_without_the_runs_own_threads(tmp_path):
+    """Runs made inside traces.timing record their own busy thread: the merge's busiest start is the one
+    with the most load from others, and its warning follows the same rule as a single run's."""
+    paths = [tmp_path / f"r{i}.yaml" for i in range(3)]
+    for path, load, own in zip(paths, (1.4, 1.0, 0.7), (1.0, 1.0, 0.0)):
+        write_run(path, 1.0, "2026-01-01T00:00:00Z", load, own)
+    out = tmp_path / "merged.yaml"
+    merge_files(paths, out, "m")
+    doc = yaml.safe_load(out.read_text())
+    assert doc["calibration"]["load_average"]["before"][0] == 0.7       # others 0.7 > 0.4 > 0.0
+    assert "own_threads" not in doc["calibration"]["load_average"]
+    assert "CPU contention (load average 0.7 at start)" in doc["notes"]
+    merge_files(paths[:2], out, "m")
+    doc = yaml.safe_load(out.read_text())
+    assert doc["calibration"]["load_average"]["own_threads"] == 1.0 and "contention" not in doc["notes"]
 
 
 def test_merge_errors_are_one_line(three_runs, tmp_path):

@@ -307,3 +307,24 @@ def test_context_slopes_split_throughput_rows_into_fixed_and_per_context_parts(r
     assert (slopes["pred_intercept"] > slopes["weights_floor"]).all()
     # a group with a single prompt length has no line
     assert context_slopes(points, table1[table1["prompt"] == 1024]).empty
+
+
+@pytest.mark.parametrize("before, own, warned", [([1.8, 1, 1], 1, True), ([1.2, 1, 1], 1, False),
+                                                  ([1.2, 1, 1], None, True), ([0.3, 0.3, 0.3], None, False)])
+def test_calibration_load_warning_excludes_the_runs_own_threads(tmp_path, before, own, warned):
+    """The report warns about a CPU file calibrated under others' load, by the calibrator's own rule
+    (hostinfo.contended): traces.timing's own measurement thread does not count."""
+    import yaml
+    from types import SimpleNamespace
+    shipped = Path(validate.__file__).resolve().parents[1] / "traces" / "data" / "cpu" / "cpu-local-1t.yaml"
+    if not shipped.is_file():
+        pytest.skip("calibrated CPU file missing")
+    doc = yaml.safe_load(shipped.read_text())
+    doc["calibration"]["load_average"] = {"before": before, "after": before,
+                                          **({"own_threads": own} if own is not None else {})}
+    path = tmp_path / f"cal-{before[0]}-{own}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    source = SimpleNamespace(hw=str(path), hw_label=path.stem, name="cpu/x", manifest={"env": {"threads": 1}},
+                             table=pd.DataFrame({"median_s": [1.0], "cpu_median_s": [1.0], "threads": [1]}))
+    warnings = validate.setting_warnings([source])
+    assert any("was calibrated at load average" in w for w in warnings) == warned
