@@ -71,6 +71,20 @@ class TimingSource:
         return self.manifest.get("software", "kvsim-eager")
 
 
+def read_record(path: Path, kind: str | None = None, what: str = "") -> dict:
+    """A JSON record (manifest.json, run.json) as a dict; with `kind`, it must say that kind.
+    Raises ValueError (one line naming the file) when it is unreadable, not an object, or of another kind."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: unreadable (not a JSON object)")
+    if kind is not None and record.get("kind") != kind:
+        raise ValueError(f"{path}: not {what or 'a record'} of kind {kind!r} (kind {record.get('kind')!r})")
+    return record
+
+
 def find_timing_folders(roots=None) -> list[Path]:
     """Timing folders at or under each root (default traces/data/), sorted."""
     roots = [Path(r) for r in roots] if roots else [DATA_DIR]
@@ -80,11 +94,7 @@ def find_timing_folders(roots=None) -> list[Path]:
             raise FileNotFoundError(f"measured folder {root} not found")
         manifests = [root / "manifest.json"] if (root / "manifest.json").is_file() else sorted(root.glob("**/manifest.json"))
         for manifest in manifests:
-            try:
-                kind = json.loads(manifest.read_text()).get("kind")
-            except (OSError, ValueError, AttributeError):
-                raise ValueError(f"{manifest}: unreadable manifest") from None
-            if kind == TIMING_KIND:
+            if read_record(manifest).get("kind") == TIMING_KIND:
                 found.append(manifest.parent)
         if roots != [DATA_DIR] and not any(str(f).startswith(str(root)) for f in found):
             raise ValueError(f"{root}: no timing folder (manifest.json of kind {TIMING_KIND!r}) found there")
@@ -93,12 +103,7 @@ def find_timing_folders(roots=None) -> list[Path]:
 
 def load_timing(path) -> TimingSource:
     path = Path(path)
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path / 'manifest.json'}: unreadable ({exc})") from None
-    if manifest.get("kind") != TIMING_KIND:
-        raise ValueError(f"{path}: manifest kind is {manifest.get('kind')!r}, not {TIMING_KIND!r}")
+    manifest = read_record(path / "manifest.json", TIMING_KIND, "a timing manifest")
     if "hw_device" not in manifest:
         raise ValueError(f"{path / 'manifest.json'}: no hw_device (the hardware file to predict on)")
     if not (path / "config.json").is_file():

@@ -328,3 +328,15 @@ def test_calibration_load_warning_excludes_the_runs_own_threads(tmp_path, before
                              table=pd.DataFrame({"median_s": [1.0], "cpu_median_s": [1.0], "threads": [1]}))
     warnings = validate.setting_warnings([source])
     assert any("was calibrated at load average" in w for w in warnings) == warned
+
+
+def test_timing_manifest_of_another_kind_is_a_one_line_error(fixture_set, capsys):
+    tmp, _, _ = fixture_set
+    folder = tmp / "measured" / "tiny"
+    (folder / "manifest.json").write_text('{"kind": "kvsim-trace"}')
+    from sim.validation.measured import load_timing
+    with pytest.raises(ValueError, match="not a timing manifest of kind 'kvsim-timing'"):
+        load_timing(folder)
+    (folder / "manifest.json").write_text("{broken")
+    rc, _, err = run_cli(["--measured", tmp / "measured", "--no-references", "--out", tmp / "r"], capsys)
+    assert rc == 2 and "manifest.json: unreadable" in err and err.count("\n") == 1

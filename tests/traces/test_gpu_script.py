@@ -228,6 +228,17 @@ def test_ingest_refuses_unsafe_or_unreadable_sources(tmp_path, capsys):
     assert not (tmp_path.parent / "outside.txt").exists() and not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("content, message", [('{"kind": "kvsim-timing"}', "not a GPU run record of kind"),
+                                              ("[1, 2]", "not a JSON object"), ("{", "unreadable")])
+def test_ingest_refuses_a_run_record_of_another_kind(tmp_path, capsys, content, message):
+    run_dir = _fake_run(tmp_path, slowdown=1.0)
+    (run_dir / "run.json").write_text(content)
+    assert ingest_mod.main([str(run_dir), "--dest", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "run.json" in err[0]
+    assert not (tmp_path / "d").exists()
+
+
 # ---- end to end at tiny shapes -----------------------------------------------------------------------
 
 @pytest.mark.slow

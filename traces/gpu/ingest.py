@@ -91,18 +91,22 @@ def resolve_source(source: Path, scratch: Path) -> tuple[Path, Path | None]:
     return _extract(archives[0], scratch), archives[0]
 
 
+def read_run(run_dir: Path) -> dict:
+    """run.json of a GPU run folder (kind kvsim-gpu-run), read as sim.validate reads its manifests."""
+    from sim.validation.measured import read_record
+    try:
+        return read_record(run_dir / "run.json", RUN_KIND, "a GPU run record")
+    except ValueError as exc:
+        raise IngestError(str(exc)) from None
+
+
 def check_run(run_dir: Path) -> dict:
     """Load everything the destination will hold; returns {hw, timing, traces, skipped} (paths relative)."""
     import traces
     from hwmodels import load_device
     from sim.validation.measured import load_timing
 
-    try:
-        run = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise IngestError(f"{run_dir / 'run.json'}: unreadable ({exc})") from None
-    if run.get("kind") != RUN_KIND:
-        raise IngestError(f"{run_dir / 'run.json'}: not a GPU run record (kind {run.get('kind')!r})")
+    read_run(run_dir)
     found = {"hw": [], "timing": [], "traces": [], "skipped": []}
     for path in sorted(run_dir.glob("hw/*.yaml")):
         try:
@@ -210,7 +214,7 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
     with tempfile.TemporaryDirectory(prefix="kvsim-ingest-") as scratch:
         run_dir, archive = resolve_source(Path(source), Path(scratch))
         found = check_run(run_dir)
-        run = json.loads((run_dir / "run.json").read_text())
+        run = read_run(run_dir)
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
         try:
