@@ -15,6 +15,10 @@ operator table (never a multiplier).
                    (`_reorder_cache`): another full read + write of the cache;
   - score_upcast   16-bit logits cast to fp32 for the softmax and back (nothing when activations are
                    already fp32);
+  - repeat_kv      grouped-query models only (none in the paper's MPT): eager attention expands K and V
+                   from the KV heads to the query heads in every layer (`repeat_kv`: expand + reshape
+                   copies; transformers >= 4.31 Llama/Mistral/Qwen2 `eager_attention_forward`), and both
+                   attention matmuls then read the expanded copies;
   - mask_bias      the n-wide ALiBi bias / causal mask added to the materialised logits in each layer,
                    plus the per-step build of the 4-D mask from the growing 2-D attention mask;
   - eager_glue     what the core operator list leaves implicit: residual adds, the elementwise parts of
@@ -146,6 +150,19 @@ def _keys(ctx: OpContext) -> object:
     return ctx.past_tokens + ctx.new_tokens
 
 
+def repeat_kv(ctx: OpContext) -> list[Op]:
+    """HF eager attention of a grouped-query model: K and V of every cached key expanded to the query heads
+    (read the cache once, write n_heads / n_kv_heads times as much), and the logits and output matmuls
+    read the expanded copies, i.e. the (n_heads - n_kv_heads) share beyond what attn_scores / attn_v read."""
+    m = ctx.model
+    if m.n_heads == m.n_kv_heads:
+        return []
+    cached = _kv_bytes(ctx, _keys(ctx))
+    expanded = cached * m.n_heads / m.n_kv_heads
+    return [Op("repeat_kv", True, kv_read_bytes=cached + (expanded - cached), kv_write_bytes=expanded,
+               launches=2)]
+
+
 def eager_glue(ctx: OpContext, launches: float | None = None) -> Op:
     m, ab = ctx.model, ctx.ab
     glue = GLUE.get(m.model_type, DEFAULT_GLUE)
@@ -196,6 +213,7 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
         # once per step: the 2-D attention mask grows by cat, the 4-D additive mask is rebuilt from it.
         Op("mask_build", False, act_bytes=ctx.rows * keys * (2 * 8 + 4), launches=4),
         eager_glue(ctx),
+        *repeat_kv(ctx),
     ]
     if ab < SCORE_BYTES:   # 16-bit logits: softmax(x.float()).to(dtype) = two casts over the logits
         ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
@@ -220,6 +238,7 @@ def hf_prefill_ops(ctx: OpContext) -> list[Op]:
            act_bytes=ctx.rows * (q - 1) * m.vocab_size * SCORE_BYTES, launches=1, gemm=True,
            rows=ctx.rows * (q - 1)),
         eager_glue(ctx),
+        *repeat_kv(ctx),
     ]
     if ab < SCORE_BYTES:
         ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
