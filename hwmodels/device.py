@@ -58,6 +58,9 @@ class Device:
     # what the eager calls around one streamed weight GEMV lose (their code and data were evicted by
     # the stream): eager profiles charge it per weight-GEMM launch; None: not calibrated
     eager_weight_switch_s: float | None = None
+    # bytes of a newly allocated tensor -> fraction of the copy rate into an existing buffer that filling
+    # it reaches (a CPU allocator maps fresh pages above its mmap threshold); None: no allocation cost
+    fresh_alloc_curve: object = None
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -139,6 +142,17 @@ class Device:
         """The same as attn_scores_factor for p @ V (`attn_values_efficiency`)."""
         return _factor(self.attn_values_curve, head_dim)
 
+    def fresh_alloc_factor(self, nbytes):
+        """Fraction of its streaming rate that a copy into a newly allocated tensor of `nbytes` bytes
+        reaches (array in, array out; at most 1); 1.0 when the file has no `fresh_alloc_efficiency`.
+
+        Eager code that grows or reorders a cache (torch.cat, index_select, repeat_kv) allocates its
+        output every call. glibc serves allocations above its mmap threshold (at most 32 MiB) with
+        fresh pages that fault and are zeroed on first write; a GPU caching allocator reuses blocks."""
+        if self.fresh_alloc_curve is None:
+            return 1.0
+        return np.minimum(self.fresh_alloc_curve(nbytes), 1.0)
+
     def to_dict(self) -> dict:
         """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""
         return {
@@ -157,6 +171,7 @@ class Device:
             "host_overhead_s": self.host_overhead_s,
             "eager_call_overhead_s": self.eager_call_overhead_s,
             "eager_weight_switch_s": self.eager_weight_switch_s,
+            "fresh_alloc_efficiency": None if self.fresh_alloc_curve is None else self.fresh_alloc_curve.to_dict(),
             "content_hash": self.content_hash,
             "source_path": self.source_path,
             "sources": dict(self.sources),

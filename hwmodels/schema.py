@@ -37,6 +37,11 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
       size_unit: head_dim
       points: [[64, 0.9], [128, 1.0]]
       source: ...
+    fresh_alloc_efficiency:  # optional: fraction of the copy rate into an existing buffer that a copy
+      form: table            # into a newly allocated tensor of this size reaches (a CPU allocator
+      size_unit: B           # maps fresh pages above its mmap threshold: page faults + zeroing)
+      points: [[16777216, 1.0], [35651584, 0.25]]
+      source: ...
     launch_overhead: {value: 4, unit: us, source: ...}   # per kernel
     host_overhead:   {value: 1, unit: ms, source: ...}   # per step
     eager_call_overhead: {value: 4, unit: us, source: ...}   # optional: per top-level call of eager
@@ -65,11 +70,14 @@ REQUIRED = ("schema_version", "name", "description", "memory_capacity", "memory_
             "peak_flops", "bw_efficiency", "compute_efficiency", "launch_overhead",
             "host_overhead")
 ATTN_TABLES = ("attn_scores_efficiency", "attn_values_efficiency")
-OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES, "eager_call_overhead",
+FRESH_TABLE = "fresh_alloc_efficiency"
+# tables of a factor, not a size curve that saturates: any shape is valid
+ANY_SHAPE_TABLES = (*ATTN_TABLES, FRESH_TABLE)
+OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES, FRESH_TABLE, "eager_call_overhead",
             "eager_weight_switch_overhead")
 QUANTITY_KEYS = ("value", "unit", "source")
 CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows",
-                   **{key: "head_dim" for key in ATTN_TABLES}}
+                   **{key: "head_dim" for key in ATTN_TABLES}, FRESH_TABLE: "size"}
 # Provenance and raw medians written by hwmodels.calibrate; kept for re-fitting, not read
 # by the model.
 CALIBRATION_KEYS = ("tool", "mode", "device", "host", "date", "wall_time_s", "env", "versions",
@@ -98,6 +106,7 @@ class ParsedFile:
     attn_values_curve: object = None    # the same for p @ V
     eager_call_overhead_s: float | None = None   # per top-level eager call (None: not in the file)
     eager_weight_switch_s: float | None = None   # per weight-GEMM launch in eager code (None: not in the file)
+    fresh_alloc_curve: object = None    # tensor bytes -> fraction of the copy rate into a fresh tensor
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -218,12 +227,11 @@ class _Reader:
                 sizes.append(self.number(point[0], f"{key}.points[{i}]") * scale)
                 fractions.append(self.number(point[1], f"{key}.points[{i}]"))
             try:
-                check_table(sizes, fractions, monotone=key not in ATTN_TABLES)
+                check_table(sizes, fractions, monotone=key not in ANY_SHAPE_TABLES)
             except ValueError as exc:
                 self.fail(f"{key}.points", str(exc))
             self.sources[key] = self.text(spec, "source", f"{key}.source")
-            # head-width tables: a factor per width, not a size curve, so any shape is valid
-            return TableCurve(tuple(sizes), tuple(fractions), monotone=key not in ATTN_TABLES)
+            return TableCurve(tuple(sizes), tuple(fractions), monotone=key not in ANY_SHAPE_TABLES)
         self.fail(f"{key}.form", f"unknown curve form {form!r}; expected saturating or table")
 
 
@@ -260,6 +268,7 @@ def parse(data: dict, path) -> ParsedFile:
                    f"must name a dtype listed under peak_flops ({', '.join(flops)}), got {_describe(reference)}")
     rows_curve = r.curve(data, "gemm_rows_efficiency") if "gemm_rows_efficiency" in data else None
     scores_curve, values_curve = (r.curve(data, key) if key in data else None for key in ATTN_TABLES)
+    fresh_curve = r.curve(data, FRESH_TABLE) if FRESH_TABLE in data else None
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
     eager_call = (r.quantity(data, "eager_call_overhead", "eager_call_overhead", "time")
@@ -274,7 +283,8 @@ def parse(data: dict, path) -> ParsedFile:
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
                       launch, host, r.sources, notes, calibration, reference, rows_curve,
                       attn_scores_curve=scores_curve, attn_values_curve=values_curve,
-                      eager_call_overhead_s=eager_call, eager_weight_switch_s=switch)
+                      eager_call_overhead_s=eager_call, eager_weight_switch_s=switch,
+                      fresh_alloc_curve=fresh_curve)
 
 
 def _describe(value) -> str:

@@ -190,14 +190,24 @@ def _gemm_rows_limit(hw, ops, eff):
     return eff
 
 
-def _kv_stream_factors(s: Setup, ops) -> list | None:
-    """Per op, the factor its streaming efficiency is multiplied by (Op.kv_stream; 1.0 for the rest),
-    or None when every factor is 1 (devices without attention tables: nothing to do). Factors are
-    in (0, 1], so they only slow ops down: the bytes / bandwidth floor still holds."""
-    if s.attn_scores_factor == 1.0 and s.attn_values_factor == 1.0:
+def _stream_factors(s: Setup, ops) -> list | None:
+    """Per op, the factor its streaming efficiency is multiplied by: the attention tables' factor for
+    Op.kv_stream, times the fresh-allocation factor at Op.fresh_tensor_bytes (scalars or arrays; 1.0 for
+    the rest), or None when every factor is 1 (devices without those tables: nothing to do). Factors
+    are in (0, 1], so they only slow ops down: the bytes / bandwidth floor still holds."""
+    attention = not (s.attn_scores_factor == 1.0 and s.attn_values_factor == 1.0)
+    fresh = getattr(s.hw, "fresh_alloc_curve", None) is not None and any(
+        op.fresh_tensor_bytes is not None for op in ops)
+    if not attention and not fresh:
         return None
     by_kind = {"scores": s.attn_scores_factor, "values": s.attn_values_factor}
-    return [by_kind.get(op.kv_stream, 1.0) for op in ops]
+    factors = []
+    for op in ops:
+        factor = by_kind.get(op.kv_stream, 1.0)
+        if fresh and op.fresh_tensor_bytes is not None:
+            factor = factor * s.hw.fresh_alloc_factor(np.maximum(op.fresh_tensor_bytes, 1.0))
+        factors.append(factor)
+    return factors
 
 
 def _launch_costs(s: Setup, ops) -> list | None:
@@ -225,9 +235,10 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
     t_compute = flops / (peak * _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), peak)))
     b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0))
-    kv_factors = _kv_stream_factors(s, ops)
-    if kv_factors is not None:
-        b_eff = b_eff * np.array(kv_factors).reshape(-1, *extra)
+    factors = _stream_factors(s, ops)
+    if factors is not None:
+        stacked = _stack(factors)
+        b_eff = b_eff * (stacked.reshape(-1, *extra) if stacked.ndim == 1 else stacked)
     t_memory = nbytes / (hw.memory_bw * b_eff)
     costs = _launch_costs(s, ops)
     per_launch = s.launch_s if costs is None else np.array(costs).reshape(-1, *extra)
@@ -250,9 +261,9 @@ def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     peaks = [s.peak_gemm if op.gemm else s.peak_vector for op in ops]
     c_eff = _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), np.array(peaks, dtype=float))).tolist()
     b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0)).tolist()
-    kv_factors = _kv_stream_factors(s, ops)
-    if kv_factors is not None:
-        b_eff = [be * f for be, f in zip(b_eff, kv_factors)]
+    factors = _stream_factors(s, ops)
+    if factors is not None:
+        b_eff = [be * float(f) for be, f in zip(b_eff, factors)]
     costs = _launch_costs(s, ops) or [s.launch_s] * len(ops)
     bw, n_layers = hw.memory_bw, s.model.n_layers
     total = s.host_s if host else 0.0

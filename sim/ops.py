@@ -41,6 +41,9 @@ class Op:
     # "scores" (q @ K^T) or "values" (p @ V): streams the KV cache as a batched GEMV, which may run
     # below the weight-GEMV rate (hwmodels Device.attn_scores_factor / attn_values_factor)
     kv_stream: str | None = None
+    # bytes of each tensor the op allocates anew (torch.cat / index_select / repeat_kv outputs in eager
+    # code): filling fresh memory may run below the streaming rate (hwmodels Device.fresh_alloc_factor)
+    fresh_tensor_bytes: Any = None
 
 
 @dataclass(slots=True)

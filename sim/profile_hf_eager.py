@@ -13,6 +13,10 @@ operator table (never a multiplier).
                    transformers' DynamicCache);
   - beam_reorder   `index_select(0, beam_idx)` on K and V of every layer after every beam-search step
                    (`_reorder_cache`): another full read + write of the cache;
+  (the cache copies, the repeat_kv expansion and the eviction compaction write into tensors they allocate
+   anew: on devices whose file has a `fresh_alloc_efficiency` table, i.e. calibrated CPUs where glibc
+   maps tensors above 32 MiB to fresh pages, they run at that fraction of the streaming rate; a GPU
+   caching allocator reuses blocks, and datasheet files have no such table)
   - score_upcast   16-bit logits cast to fp32 for the softmax and back (nothing when activations are
                    already fp32);
   - repeat_kv      grouped-query models only (none in the paper's MPT): eager attention expands K and V
@@ -152,15 +156,17 @@ def _keys(ctx: OpContext) -> object:
 
 def repeat_kv(ctx: OpContext) -> list[Op]:
     """HF eager attention of a grouped-query model: K and V of every cached key expanded to the query heads
-    (read the cache once, write n_heads / n_kv_heads times as much), and the logits and output matmuls
-    read the expanded copies, i.e. the (n_heads - n_kv_heads) share beyond what attn_scores / attn_v read."""
+    (read the cache once, write n_heads / n_kv_heads times as much into two new tensors), and the logits
+    and output matmuls read the expanded copies, i.e. the (n_heads - n_kv_heads) share beyond what
+    attn_scores / attn_v read."""
     m = ctx.model
     if m.n_heads == m.n_kv_heads:
         return []
     cached = _kv_bytes(ctx, _keys(ctx))
     expanded = cached * m.n_heads / m.n_kv_heads
-    return [Op("repeat_kv", True, kv_read_bytes=cached + (expanded - cached), kv_write_bytes=expanded,
-               launches=2)]
+    return [Op("repeat_kv", True, kv_read_bytes=cached, kv_write_bytes=expanded, launches=2,
+               fresh_tensor_bytes=expanded / 2),
+            Op("attn_expanded_read", True, kv_read_bytes=expanded - cached, launches=0)]
 
 
 def eager_glue(ctx: OpContext, launches: float | None = None) -> Op:
@@ -203,11 +209,13 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
     if np.any(beams_reorder):
         # beam search: index_select over the batch*beam axis of every layer's K and V, every step.
         ops.append(Op("beam_reorder", True, kv_read_bytes=_kv_bytes(ctx, keys) * beams_reorder,
-                      kv_write_bytes=_kv_bytes(ctx, keys) * beams_reorder, launches=2))
+                      kv_write_bytes=_kv_bytes(ctx, keys) * beams_reorder, launches=2,
+                      fresh_tensor_bytes=_kv_bytes(ctx, keys) / 2))
     ops += [
-        # torch.cat([past_k, k]) and ([past_v, v]): read the cache, write cache + 1 token, per layer.
+        # torch.cat([past_k, k]) and ([past_v, v]): read the cache, write cache + 1 token into new tensors,
+        # per layer.
         Op("cache_concat", True, kv_read_bytes=_kv_bytes(ctx, past), kv_write_bytes=_kv_bytes(ctx, keys),
-           launches=2),
+           launches=2, fresh_tensor_bytes=_kv_bytes(ctx, keys) / 2),
         # additive ALiBi bias (H x keys, read) + causal/padding mask (rows x keys) on the logits.
         Op("mask_bias", True, act_bytes=2 * elems * ab + (m.n_heads + ctx.rows) * keys * ab, launches=2),
         # once per step: the 2-D attention mask grows by cat, the 4-D additive mask is rebuilt from it.
@@ -221,7 +229,8 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
     if ctx.policy in SCORED:
         # physical eviction every EVICT_INTERVAL steps: gather the kept K/V into a fresh buffer.
         ops.append(Op("evict_compact", True, kv_read_bytes=_kv_bytes(ctx, keys) / EVICT_INTERVAL,
-                      kv_write_bytes=_kv_bytes(ctx, past) / EVICT_INTERVAL, launches=4 / EVICT_INTERVAL))
+                      kv_write_bytes=_kv_bytes(ctx, past) / EVICT_INTERVAL, launches=4 / EVICT_INTERVAL,
+                      fresh_tensor_bytes=_kv_bytes(ctx, past) / 2))
     return ops
 
 

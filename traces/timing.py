@@ -26,6 +26,14 @@ samples are kept, so a rerun with a higher R adds rounds). `--calibrate FILE.yam
 microbenchmarks before every model of every round and writes FILE.yaml as their median: the hardware file then describes
 the same phases the points saw (its inputs are still microbenchmarks only, never the points).
 
+The Hugging Face stack (`--stack hf --beams 4`): the same folders, but each decode point is the wall time
+of one step of transformers' own `generate` with beam search (DynamicCache growth by torch.cat, beam
+reorder by index_select, eager attention), read between consecutive stopping-criteria calls; the manifest
+names the `hf-eager` profile, so sim.validate predicts these points with it. No eviction policy exists
+there (--policy full only) and every point pays a real prefill of batch x beams x context tokens.
+
+    python -m traces.timing --stack hf --beams 4 --out traces/data/cpu-hf --rounds 3
+
 Timing discipline: OMP_WAIT_POLICY=ACTIVE is set before torch loads (unless the caller set it), the thread
 count is fixed (`--threads`, default 1: on a shared 2-core machine one thread is the setting whose timings
 do not collapse when a neighbour takes a core), every point runs warm-up steps first and reports the
@@ -58,11 +66,15 @@ SCHEMA_VERSION = 1
 KIND = "kvsim-timing"
 CONFIGS_DIR = REPO_ROOT / "traces" / "data" / "cpu" / "configs"
 DEFAULT_OUT = REPO_ROOT / "traces" / "data" / "cpu"
+DEFAULT_HF_OUT = REPO_ROOT / "traces" / "data" / "cpu-hf"
 DEFAULT_MODELS = ("gpt2-small-rand", "llama-gqa-rand", "wide-mha-rand")
 DEFAULT_BATCHES = (1, 2, 4, 8)
 DEFAULT_CONTEXTS = (256, 1024, 4096)
 DEFAULT_POLICIES = ("full", "keyformer:0.2", "keyformer:0.5", "keyformer:1.0")
 DEFAULT_PREFILL = (64, 256)
+STACKS = ("kvsim", "hf")
+# the HF stack's defaults: every point pays a prefill of batch x beams x context tokens, so shorter contexts
+HF_DEFAULTS = dict(batches=(1,), contexts=(256, 1024, 2048), policies=("full",), prefill=(), beams=4)
 TORCH_DTYPES = ("fp32", "bf16", "fp16")
 
 # One row per measured point. `kv_tokens` is what the simulator is fed: the mean number of tokens held per
@@ -124,6 +136,8 @@ class TimingGrid:
     dtype: str = "fp32"
     device: str = "cpu"
     seed: int = 0
+    stack: str = "kvsim"     # "kvsim": keyformer/'s slot cache; "hf": transformers' generate (beam search)
+    beams: int = 1
 
     def __post_init__(self):
         for name in ("batches", "contexts"):
@@ -138,6 +152,16 @@ class TimingGrid:
             raise TimingError(f"--threads must be >= 1, got {self.threads}")
         if self.dtype not in TORCH_DTYPES:
             raise TimingError(f"--dtype {self.dtype!r} not supported for timing (choose {', '.join(TORCH_DTYPES)})")
+        if self.stack not in STACKS:
+            raise TimingError(f"--stack {self.stack!r}: choose {' or '.join(STACKS)}")
+        if self.beams < 1:
+            raise TimingError(f"--beams must be >= 1, got {self.beams}")
+        if self.stack == "kvsim" and self.beams != 1:
+            raise TimingError("--beams needs --stack hf (the project's decode step is greedy)")
+        if self.stack == "hf" and any(p.name != "full" for p in self.policies):
+            raise TimingError("--stack hf times transformers' own cache, which evicts nothing: --policy full only")
+        if self.stack == "hf" and self.prefill_contexts:
+            raise TimingError("--stack hf times decode steps only: --prefill none")
 
     def decode_points(self) -> list[dict]:
         return [dict(phase="decode", policy=p.name, cache_ratio=p.ratio, batch=int(b), context=int(n))
@@ -150,8 +174,10 @@ class TimingGrid:
 
     def settings(self) -> dict:
         """What must match for points to be comparable (checked when resuming into an existing folder)."""
-        return {"repeats": self.repeats, "warmup": self.warmup, "threads": self.threads,
-                "dtype": self.dtype, "device": self.device, "seed": self.seed}
+        settings = {"repeats": self.repeats, "warmup": self.warmup, "threads": self.threads,
+                    "dtype": self.dtype, "device": self.device, "seed": self.seed}
+        # only when not the default: folders measured before the HF stack existed keep resuming
+        return settings | ({"stack": self.stack, "beams": self.beams} if self.stack != "kvsim" else {})
 
 
 # --- configs and models ------------------------------------------------------------------------------
@@ -297,6 +323,45 @@ def time_decode(model, point: PolicyPoint, batch: int, context: int, grid: Timin
                                          "peak_mem_bytes": _peak(grid.device)}
 
 
+def time_hf_decode(model, batch: int, context: int, grid: TimingGrid) -> dict:
+    """Median wall time of one beam-search step of transformers' `generate` at (batch, context).
+
+    A stopping criterion notes the clock once per step (after the step's forward and beam selection, before
+    the cache reorder), so the time between two consecutive calls is one whole step: reorder, next
+    forward over the grown DynamicCache, log-softmax and top-k. The first interval follows the prefill
+    and the warm-up intervals are dropped."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StepClock(StoppingCriteria):
+        def __init__(self):
+            self.wall, self.cpu = [], []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            _sync(grid.device)
+            self.wall.append(time.perf_counter())
+            self.cpu.append(time.thread_time())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    steps = grid.warmup + grid.repeats + 1
+    generator = torch.Generator().manual_seed(grid.seed)
+    input_ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=generator).to(grid.device)
+    clock = StepClock()
+    _reset_peak(grid.device)
+    with torch.inference_mode():
+        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), num_beams=grid.beams,
+                       do_sample=False, max_new_tokens=steps, min_new_tokens=steps, early_stopping=False,
+                       length_penalty=1.0, pad_token_id=0, stopping_criteria=StoppingCriteriaList([clock]))
+    if len(clock.wall) != steps:
+        raise TimingError(f"generate made {len(clock.wall)} steps, expected {steps}")
+    times = np.diff(clock.wall)[grid.warmup:]
+    cpu_times = np.diff(clock.cpu)[grid.warmup:]
+    # interval c (1-based) ends with the forward of the token chosen at call c: context + c keys attended
+    attended = context + grid.warmup + (grid.repeats + 1) / 2
+    return _summary(list(times), list(cpu_times)) | {"kv_tokens": attended - 1, "slots": int(round(attended)),
+                                                     "peak_mem_bytes": _peak(grid.device)}
+
+
 def time_prefill(model, context: int, grid: TimingGrid) -> dict:
     """Median wall time of a full-attention prefill of `context` tokens at batch 1."""
     import torch
@@ -389,7 +454,9 @@ class TimingFolder:
             raise TimingError(f"{folder.path}: existing timing folder is unreadable ({exc}); "
                               "rerun with --fresh to start over") from None
         previous = manifest.get("grid_settings", {})
-        changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        # both ways: a setting only one side records (e.g. the HF stack's) is a difference too
+        changed = {k: (previous.get(k), settings.get(k)) for k in dict.fromkeys([*settings, *previous])
+                   if previous.get(k) != settings.get(k)}
         if changed:
             what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise TimingError(f"{folder.path} was measured under other settings ({what}); "
@@ -493,7 +560,8 @@ def build_manifest(run: ModelRun, model, grid: TimingGrid, rounds: int, priority
         "schema_version": SCHEMA_VERSION, "kind": KIND,
         "model": {"name": run.name, "source": run.config.get("_source", ""), "trained": False,
                   "n_params": int(sum(p.numel() for p in model.parameters())), "spec": spec.to_dict()},
-        "hw_device": run.hw_device, "software": "kvsim-eager", "device": grid.device, "dtype": grid.dtype,
+        "hw_device": run.hw_device, "software": "hf-eager" if grid.stack == "hf" else "kvsim-eager",
+        "stack": grid.stack, "beams": grid.beams, "device": grid.device, "dtype": grid.dtype,
         "seed": grid.seed,
         "grid_settings": grid.settings(),
         "rounds": rounds,
@@ -502,9 +570,13 @@ def build_manifest(run: ModelRun, model, grid: TimingGrid, rounds: int, priority
         "env": environment(grid) | {"scheduling": priority},
         "clock": "median_s etc.: time.perf_counter wall clock (synchronised on CUDA); cpu_median_s: "
                  "time.thread_time of the calling thread",
-        "what": "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
-                "(phase decode) or of keyformer.generate.prefill (phase prefill); random weights; with "
-                "rounds > 1, statistics over the samples of every round (the grid is revisited round-robin)",
+        "what": (f"median wall time of one beam-search step (num_beams={grid.beams}) of transformers' "
+                 "generate, between consecutive stopping-criteria calls, after a real prefill"
+                 if grid.stack == "hf" else
+                 "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
+                 "(phase decode) or of keyformer.generate.prefill (phase prefill)")
+                + "; random weights; with rounds > 1, statistics over the samples of every round (the grid "
+                  "is revisited round-robin)",
         "created": run.folder.manifest.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -527,6 +599,8 @@ def measure_round(run: ModelRun, grid: TimingGrid, rnd: int, rounds: int, progre
                                  f"{point['cache_ratio']:g} b{point['batch']} n{point['context']}")
         if point["phase"] == "prefill":
             result = time_prefill(model, point["context"], grid)
+        elif grid.stack == "hf":
+            result = time_hf_decode(model, point["batch"], point["context"], grid)
         else:
             result = time_decode(model, PolicyPoint(point["policy"], point["cache_ratio"]),
                                  point["batch"], point["context"], grid)
@@ -640,13 +714,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=None,
                    help="CPU shape name (traces/data/cpu/configs), sim model name, or config.json path; "
                         f"repeatable (default: {', '.join(DEFAULT_MODELS)})")
-    p.add_argument("--batch", type=_int_list, default=DEFAULT_BATCHES, help="comma-separated batch sizes")
-    p.add_argument("--context", type=_int_list, default=DEFAULT_CONTEXTS,
-                   help="comma-separated context lengths held before the timed step")
+    p.add_argument("--stack", default="kvsim", choices=STACKS,
+                   help="kvsim: the project's policies on its slot cache (default); hf: steps of transformers' "
+                        "own generate with beam search (full cache), predicted with the hf-eager profile")
+    p.add_argument("--beams", type=int, default=None,
+                   help=f"beam width for --stack hf (default {HF_DEFAULTS['beams']})")
+    p.add_argument("--batch", type=_int_list, default=None,
+                   help=f"comma-separated batch sizes (default {','.join(map(str, DEFAULT_BATCHES))}; "
+                        f"--stack hf: {','.join(map(str, HF_DEFAULTS['batches']))})")
+    p.add_argument("--context", type=_int_list, default=None,
+                   help=f"comma-separated context lengths held before the timed step (default "
+                        f"{','.join(map(str, DEFAULT_CONTEXTS))}; --stack hf: "
+                        f"{','.join(map(str, HF_DEFAULTS['contexts']))})")
     p.add_argument("--policy", action="append", default=None,
-                   help=f"NAME or NAME:RATIO, repeatable (default: {' '.join(DEFAULT_POLICIES)})")
+                   help=f"NAME or NAME:RATIO, repeatable (default: {' '.join(DEFAULT_POLICIES)}; --stack hf: full)")
     p.add_argument("--prefill", type=lambda t: () if t in ("", "none") else _int_list(t),
-                   default=DEFAULT_PREFILL, help="prefill lengths timed at batch 1 ('none' to skip)")
+                   default=None, help="prefill lengths timed at batch 1 ('none' to skip; default "
+                                      f"{','.join(map(str, DEFAULT_PREFILL))}, none for --stack hf)")
     p.add_argument("--repeats", type=int, default=7, help="timed steps per point (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before each point")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (recorded)")
@@ -656,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hwmodels device name or hardware YAML these points are predicted on (default for cpu: "
                         "traces/data/cpu/cpu-local-1t.yaml at 1 thread, else cpu-local)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu)")
+    p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu, traces/data/cpu-hf for --stack hf)")
     p.add_argument("--fresh", action="store_true", help="discard finished points instead of resuming")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure the grid round-robin this many times (every model and point once per round); "
@@ -718,6 +802,8 @@ def round_calibration(args, grid: TimingGrid, out: Path) -> RoundCalibration | N
     if args.hw is not None:
         raise TimingError("--calibrate FILE.yaml writes the hardware file the points are predicted on: drop --hw")
     from hwmodels.calibrate.cli import output_problem   # torch-free: the same checks as calibrate --out
+    if target.parent.resolve() == Path(out).resolve():
+        Path(out).mkdir(parents=True, exist_ok=True)     # the output root the run creates anyway
     problem = output_problem("--calibrate", target)
     if problem:
         raise TimingError(problem)
@@ -743,13 +829,19 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        grid = TimingGrid(batches=args.batch, contexts=args.context,
-                          policies=tuple(PolicyPoint.parse(p) for p in (args.policy or DEFAULT_POLICIES)),
-                          prefill_contexts=args.prefill, repeats=args.repeats, warmup=args.warmup,
-                          threads=args.threads, dtype=args.dtype, device=args.device, seed=args.seed)
+        hf = args.stack == "hf"
+        grid = TimingGrid(batches=args.batch or (HF_DEFAULTS["batches"] if hf else DEFAULT_BATCHES),
+                          contexts=args.context or (HF_DEFAULTS["contexts"] if hf else DEFAULT_CONTEXTS),
+                          policies=tuple(PolicyPoint.parse(p) for p in (
+                              args.policy or (HF_DEFAULTS["policies"] if hf else DEFAULT_POLICIES))),
+                          prefill_contexts=args.prefill if args.prefill is not None else (
+                              HF_DEFAULTS["prefill"] if hf else DEFAULT_PREFILL),
+                          repeats=args.repeats, warmup=args.warmup, threads=args.threads, dtype=args.dtype,
+                          device=args.device, seed=args.seed, stack=args.stack,
+                          beams=args.beams if args.beams is not None else (HF_DEFAULTS["beams"] if hf else 1))
         if args.device != "cpu" and (args.out is None or args.hw is None):
             raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
-        out = args.out if args.out is not None else DEFAULT_OUT
+        out = args.out if args.out is not None else (DEFAULT_HF_OUT if hf else DEFAULT_OUT)
         if args.rounds < 1:
             raise TimingError(f"--rounds must be >= 1, got {args.rounds}")
         calibration = round_calibration(args, grid, Path(out))

@@ -114,6 +114,52 @@ def run_attention(plan: Plan, pool: BufferPool, head_dim: int, timer, new, tick)
         tick(f"attn values d={head_dim} S={seq}")
 
 
+def fresh_alloc_child(plan: Plan, threads: int) -> list[tuple[int, float, float]]:
+    """In a new interpreter (see run_fresh_alloc): (size, seconds per fresh copy, seconds per copy into an
+    existing buffer) for every size of the plan."""
+    torch.set_num_threads(threads)
+    timer = make_timer(plan.device)
+    largest = plan.fresh_sizes[-1]
+    sources = [torch.empty(largest // 4, device=plan.device).fill_(1.0) for _ in range(2)]
+    for nbytes in plan.fresh_sizes * 2:   # allocate and free every size twice: the steady state
+        torch.empty(nbytes // 4, device=plan.device).fill_(0)
+    out = []
+    for nbytes in plan.fresh_sizes:
+        srcs = itertools.cycle([src[:nbytes // 4] for src in sources])
+        dst = torch.empty(nbytes // 4, device=plan.device).fill_(0)
+        fresh = median_seconds(lambda: torch.empty_like(dst).copy_(next(srcs)), timer, plan)
+        existing = median_seconds(lambda: dst.copy_(next(srcs)), timer, plan)
+        out.append((nbytes, fresh, existing))
+    return out
+
+
+def run_fresh_alloc(plan: Plan, timer, new, tick) -> None:
+    """Series fresh_copy (torch.empty_like(dst).copy_(src): the output allocated anew every call, as
+    torch.cat, index_select and repeat_kv allocate theirs) and fresh_copy_ref (the same copy into an
+    existing buffer), per size n in bytes.
+
+    Measured in a new interpreter (multiprocessing spawn), never in the calling process: whether an
+    allocation gets fresh pages depends on the allocator's history (glibc serves a request above its
+    mmap threshold from free heap space when a large enough chunk happens to be there, and maps fresh
+    pages otherwise), and a caller that has run models (traces.timing --calibrate) leaves large free
+    chunks behind that make the copies look free. A clean process is the reproducible state; there,
+    every size is allocated and freed twice first, so the adaptive threshold (glibc raises it to the
+    largest freed mapping, at most 32 MiB) is in its steady state."""
+    import multiprocessing
+
+    fresh = new("fresh_copy", "torch.empty_like(dst).copy_(src) in a new interpreter, the output allocated "
+                "anew every call; bytes = 2 x n (read + write)", "bytes")
+    ref = new("fresh_copy_ref", "dst.copy_(src) into an existing buffer, the same sizes and process; "
+              "bytes = 2 x n", "bytes")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        results = pool.apply(fresh_alloc_child, (plan, torch.get_num_threads()))
+    for nbytes, t_fresh, t_existing in results:
+        fresh.add(2 * nbytes, t_fresh)
+        tick(f"fresh copy {nbytes >> 20} MiB")
+        ref.add(2 * nbytes, t_existing)
+        tick(f"copy into existing {nbytes >> 20} MiB")
+
+
 def run_all(plan: Plan, progress=None, timer=None) -> dict:
     """Run every benchmark of the plan; returns name -> Series. `progress(label)` is called
     after each point; `timer` defaults to the device's own."""
@@ -190,6 +236,8 @@ def run_all(plan: Plan, progress=None, timer=None) -> dict:
             tick(f"skinny {dtype} n={n} M={rows}")
     for d in plan.attn_head_dims:
         run_attention(plan, pool, d, timer, new, tick)
+    if plan.fresh_sizes:
+        run_fresh_alloc(plan, timer, new, tick)
     del pool
     for dtype, sizes in plan.gemm_sizes.items():
         gemm = new(f"gemm_{dtype}", f"F.linear(A[n, n], B[n, n]) in {dtype}; FLOPs = 2 n^3", "flops")

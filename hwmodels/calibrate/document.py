@@ -114,6 +114,14 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
                 "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"),
         }} if fit.rows_table is not None else {}),
         **attention_documents(fit.attention, prov.source),
+        **({"fresh_alloc_efficiency": {
+            "form": "table",
+            "size_unit": "B",
+            "points": [[int(s), f] for s, f in zip(fit.fresh_alloc.sizes, fit.fresh_alloc.fractions)],
+            "source": prov.source(
+                "fresh_copy, fresh_copy_ref: copy time into an existing buffer / into a newly allocated tensor "
+                "of the same size, per tensor size; capped at 1"),
+        }} if fit.fresh_alloc is not None else {}),
         "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
         "host_overhead": _q(fit.host_overhead_s * 1e6, "us",
                             prov.source(f"host_step: {series['host_step'].what}")),

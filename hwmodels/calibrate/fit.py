@@ -140,6 +140,7 @@ class FitResult:
     attention: dict = field(default_factory=dict)   # "scores"/"values" -> fit_attention.AttnTable
     eager_call_overhead_s: float | None = None       # per top-level eager call (None: not measured)
     eager_switch_s: float | None = None              # per weight GEMV between eager calls (None: not measured)
+    fresh_alloc: TableCurve | None = None            # tensor bytes -> copy rate into a fresh tensor / existing
 
 
 def fit(series: dict, primary_dtype: str) -> FitResult:
@@ -175,7 +176,24 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch)
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
                      flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from,
-                     attention, fit_eager_call(series), fit_eager_switch(series))
+                     attention, fit_eager_call(series), fit_eager_switch(series), fit_fresh_alloc(series))
+
+
+def fit_fresh_alloc(series: dict) -> TableCurve | None:
+    """Per tensor size (bytes), the copy time into an existing buffer over the copy time into a newly
+    allocated tensor (fresh_copy_ref / fresh_copy), capped at 1 and written down, never up; any shape
+    (it drops where the allocator starts mapping fresh pages). None without both series."""
+    fresh, ref = series.get("fresh_copy"), series.get("fresh_copy_ref")
+    if fresh is None or ref is None or not fresh.points or not ref.points:
+        return None
+    ref_time = dict(zip(ref.sizes().tolist(), ref.seconds().tolist()))
+    pairs = [(size, ref_time[size] / t) for size, t in zip(fresh.sizes().tolist(), fresh.seconds().tolist())
+             if size in ref_time and t > 0]
+    if not pairs:
+        return None
+    # the series count read + write (2 x the tensor): the table is keyed by the tensor's own bytes
+    return TableCurve(tuple(size / 2 for size, _ in pairs), tuple(round_fraction(f) for _, f in pairs),
+                      monotone=False)
 
 
 def fit_eager_call(series: dict) -> float | None:

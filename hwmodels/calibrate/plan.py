@@ -39,6 +39,9 @@ class Plan:
     # streaming (the stack's own tiny state then stays in L1/L2, an optimistic per-call time)
     eager_stream_weight_bytes: int = 0
     eager_stream_pool_bytes: int = 0
+    # copies into a newly allocated tensor vs into an existing buffer, per tensor size (bytes): eager
+    # cache code (torch.cat, index_select, repeat_kv) allocates its output every call
+    fresh_sizes: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -74,6 +77,10 @@ class Plan:
         if self.eager_stream_weight_bytes < 0 or (self.eager_stream_weight_bytes
                                                    and self.eager_stream_pool_bytes < 2 * self.eager_stream_weight_bytes):
             raise ValueError("the eager-call weight stream needs a pool of at least two weights")
+        if any(f <= 0 for f in self.fresh_sizes) or list(self.fresh_sizes) != sorted(set(self.fresh_sizes)) \
+                or (self.fresh_sizes and 2 * self.fresh_sizes[-1] > self.pool_bytes):
+            raise ValueError("fresh-allocation sizes must be positive, strictly increasing, and two of the "
+                             "largest must fit in the buffer pool")
         if self.repeats < 3:
             raise ValueError("at least 3 repeats are needed for a meaningful median")
         if self.min_sample_s <= 0:
@@ -100,7 +107,7 @@ class Plan:
         return (3 + bool(self.eager_stream_weight_bytes) + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
                 + sum(len(ns) for ns in self.gemm_sizes.values())
                 + len(self.skinny_sides) * len(self.skinny_rows)
-                + 2 * len(self.attn_head_dims) * len(self.attn_kv_bytes))
+                + 2 * len(self.attn_head_dims) * len(self.attn_kv_bytes) + 2 * len(self.fresh_sizes))
 
 
 def _powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
@@ -117,7 +124,7 @@ def make_plan(device: str, quick: bool) -> Plan:
         return Plan("cpu", "quick", _powers(64 * KiB, 4 * MiB), ("fp32",), {"fp32": (32, 64, 128, 256)},
                     "fp32", pool_bytes=16 * MiB, repeats=3, min_sample_s=0.5e-3,
                     skinny_sides=(256,), skinny_rows=(1, 2, 4, 8),
-                    attn_head_dims=(64,), attn_kv_bytes=(256 * KiB, 1 * MiB))
+                    attn_head_dims=(64,), attn_kv_bytes=(256 * KiB, 1 * MiB), fresh_sizes=(1 * MiB, 4 * MiB))
     if device == "cpu":
         # 64 KiB .. 1 GiB in x4 steps. The 1 GiB pool is > 3x the last-level cache of this
         # class of server CPU (300 MiB here), so every read streams from DRAM as decode
@@ -137,7 +144,12 @@ def make_plan(device: str, quick: bool) -> Plan:
                     attn_head_dims=(64, 128),
                     # 4 MiB weights (a 1024 x 1024 projection) from a 512 MiB pool, > the LLC: after each
                     # one the dispatcher's own code and data are cold, as in a real decode step
-                    eager_stream_weight_bytes=4 * MiB, eager_stream_pool_bytes=512 * MiB)
+                    eager_stream_weight_bytes=4 * MiB, eager_stream_pool_bytes=512 * MiB,
+                    # per-layer K or V tensors of small to 7B-class models at a few thousand tokens, and both
+                    # sides of glibc's largest mmap threshold (32 MiB: a request of it or more is mapped to
+                    # fresh pages, one below it reuses the heap), so the table steps where the allocator does
+                    fresh_sizes=(4 * MiB, 8 * MiB, 16 * MiB, 24 * MiB, 31 * MiB + 512 * KiB, 32 * MiB, 48 * MiB,
+                                 64 * MiB, 128 * MiB))
     if device == "cuda" and quick:
         return Plan("cuda", "quick", _powers(64 * KiB, 64 * MiB), ("bf16",), {"bf16": (256, 1024, 4096)},
                     "bf16", pool_bytes=256 * MiB, repeats=3, min_sample_s=1e-3)
@@ -148,5 +160,6 @@ def make_plan(device: str, quick: bool) -> Plan:
                      "fp32": (1024, 4096)},
                     "bf16", pool_bytes=4 * GiB, repeats=9, min_sample_s=5e-3,
                     skinny_sides=(4096, 8192), skinny_rows=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-                    attn_head_dims=(64, 128), attn_kv_bytes=(16 * MiB, 64 * MiB, 256 * MiB))
+                    attn_head_dims=(64, 128), attn_kv_bytes=(16 * MiB, 64 * MiB, 256 * MiB),
+                    fresh_sizes=(16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB))
     raise ValueError(f"device must be cpu or cuda, got {device!r}")

@@ -66,6 +66,11 @@ class TimingSource:
         return self.manifest.get("dtype", "fp32")
 
     @property
+    def beams(self) -> int:
+        """Beam width of the measured steps (traces.timing --stack hf --beams; 1 for the project's stack)."""
+        return int(self.manifest.get("beams", 1))
+
+    @property
     def profile(self) -> str:
         # The code traces.timing measures is this project's slot-cache stack on eager PyTorch.
         return self.manifest.get("software", "kvsim-eager")

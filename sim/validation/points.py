@@ -77,7 +77,7 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         for profile in dict.fromkeys((own, *COMPARE_PROFILES)):
             if t["phase"] == "decode":
                 by_profile[profile] = predict.decode_step_s(source.hw, model, batch, float(t["slots"]), policy,
-                                                            source.dtype, profile)
+                                                            source.dtype, profile, beams=source.beams)
             else:
                 by_profile[profile] = predict.prefill_s(source.hw, model, batch, context, source.dtype, profile)
         key = (t["phase"], policy, ratio, batch, context)
@@ -85,9 +85,10 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         label = policy if policy == "full" else f"{policy} {ratio:g}"
         if t["phase"] == "decode":
             w_bytes, kv_bytes = predict.decode_bytes(source.hw, model, batch, float(t["slots"]), policy,
-                                                     source.dtype, own)
-            regime = "decode-b1" if batch == 1 else "decode-large-batch"
-            config = (f"{model.name} decode b{batch} ctx{context} {label} (holds {t['kv_tokens']:.0f}, "
+                                                     source.dtype, own, beams=source.beams)
+            regime = "decode-b1" if batch == 1 else "decode-large-batch"   # requests, as the references count
+            rows_label = f"b{batch}" if source.beams == 1 else f"b{batch}x{source.beams}beam"
+            config = (f"{model.name} decode {rows_label} ctx{context} {label} (holds {t['kv_tokens']:.0f}, "
                       f"attends {int(t['slots'])})")
             note = f"KV/weight bytes {kv_bytes / w_bytes:.2f}; p10-p90 {t['p10_s'] * 1e3:.2f}-{t['p90_s'] * 1e3:.2f} ms"
         else:

@@ -62,13 +62,13 @@ def reference_value(metric: str, run: Run, base: Run | None, profile: str | None
 
 
 def decode_step_s(device, model, batch: int, attended_tokens: float, policy: str, dtype: str, profile: str,
-                  recent_ratio: float = 0.3) -> float:
-    """One decode step where each of `batch` requests attends over `attended_tokens` slots (newcomer
-    included): the engine's `past_tokens` is that minus the appended token."""
+                  recent_ratio: float = 0.3, beams: int = 1) -> float:
+    """One decode step where each of `batch` requests (x `beams` beams) attends over `attended_tokens`
+    slots (newcomer included): the engine's `past_tokens` is that minus the appended token."""
     past = max(float(attended_tokens) - 1.0, 0.0)
     return engine.decode_step_time(_device(device) if isinstance(device, str) else device, model,
                                    np.full(int(batch), past), weight_dtype=dtype, kv_dtype=dtype,
-                                   policy=policy, profile=profile, recent_ratio=recent_ratio)
+                                   policy=policy, profile=profile, recent_ratio=recent_ratio, beams=beams)
 
 
 def prefill_s(device, model, batch: int, prompt: int, dtype: str, profile: str) -> float:
@@ -78,11 +78,11 @@ def prefill_s(device, model, batch: int, prompt: int, dtype: str, profile: str) 
 
 
 def decode_bytes(device, model, batch: int, attended_tokens: float, policy: str, dtype: str,
-                 profile: str) -> tuple[float, float]:
+                 profile: str, beams: int = 1) -> tuple[float, float]:
     """(weight bytes, KV bytes) one decode step moves: tells a weight-bound point from a KV-bound one."""
     s = engine.make_setup(_device(device) if isinstance(device, str) else device, model, policy, dtype, dtype,
                           profile)
-    ctx = engine.make_ctx(s, "decode", float(batch), 1.0, 1.0, max(float(attended_tokens) - 1.0, 0.0))
+    ctx = engine.make_ctx(s, "decode", float(batch), float(beams), 1.0, max(float(attended_tokens) - 1.0, 0.0))
     timed = engine.time_ops(s, engine.forward_ops(ctx))
     weights = float(np.sum(timed.fields["weight_bytes"]))
     kv = float(np.sum(timed.fields["kv_read_bytes"]) + np.sum(timed.fields["kv_write_bytes"]))

@@ -37,16 +37,21 @@ POINTS_NAME = "validation-points.csv"   # every point, machine-readable (noteboo
 def targets(points: pd.DataFrame, threshold: float) -> list[dict]:
     """The issue's targets, evaluated on the points that exist (a target with no points says so)."""
     out = []
-    cpu = points[(points["kind"] == "measured") & (points["origin"] == "cpu")]
-    cpu_decode = cpu[cpu["metric"] == "step_latency_s"]
+    measured = points[(points["kind"] == "measured") & (points["metric"] == "step_latency_s")]
+    on_cpu = measured["origin"].astype(str).str.startswith("cpu")
+    # the issue's CPU grid: this project's capture (kvsim-eager) under traces/data/cpu/
+    cpu_decode = measured[(measured["origin"] == "cpu") & (measured["profile"] == "kvsim-eager")]
     out.append(dict(target="CPU decode-step latency, MAPE <= 10% (on the way to 5%)", limit=10.0,
                     points=len(cpu_decode), value=_mape(cpu_decode), kind="MAPE"))
     speedups = points[(points["kind"] == "reference") & (points["metric"] == "speedup")]
     out.append(dict(target="paper speedup ratios (Table 1 / Figure 9) within 10% under hf-eager", limit=10.0,
                     points=len(speedups), value=_max(speedups), kind="max |error|"))
-    others = points[(points["kind"] == "measured") & (points["origin"] != "cpu")]
-    if len(others):
-        gpu_decode = others[others["metric"] == "step_latency_s"]
+    hf_cpu = measured[on_cpu & (measured["profile"] == "hf-eager")]
+    if len(hf_cpu):   # transformers' generate measured on the CPU (traces.timing --stack hf)
+        out.append(dict(target="HF beam-search decode steps on CPU under hf-eager, MAPE <= 10% (kvsim's own check)",
+                        limit=10.0, points=len(hf_cpu), value=_mape(hf_cpu), kind="MAPE"))
+    gpu_decode = measured[~on_cpu]
+    if len(gpu_decode):
         out.append(dict(target="measured GPU decode-step latency, MAPE <= 10%", limit=10.0,
                         points=len(gpu_decode), value=_mape(gpu_decode), kind="MAPE"))
     out.append(dict(target=f"every point within the {threshold:g}% flag threshold", limit=threshold,

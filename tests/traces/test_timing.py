@@ -85,6 +85,11 @@ def test_rerun_resumes_and_refuses_other_settings(tmp_path, capsys):
     (["--dtype", "int4"], "not supported for timing"),
     (["--device", "cuda"], "--device other than cpu needs --out"),
     (["--context", "8192"], "has 4096 positions"),
+    (["--beams", "4"], "--beams needs --stack hf"),
+    (["--stack", "hf", "--policy", "keyformer:0.5"], "--policy full only"),
+    (["--stack", "hf", "--prefill", "16"], "--prefill none"),
+    (["--stack", "hf", "--beams", "0"], "--beams must be >= 1"),
+    (["--stack", "vllm"], "invalid choice"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
     rc, _, err = run(["--model", "tiny-gpt2", "--out", tmp_path] + argv, capsys)
@@ -95,3 +100,40 @@ def test_module_runs_on_its_own(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "traces.timing", "--model", "nope", "--out", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+HF = ["--stack", "hf", "--model", "tiny-gpt2", "--context", "16,32", "--repeats", "2", "--warmup", "1"]
+
+
+def test_hf_stack_times_generate_steps_and_validates_under_hf_eager(tmp_path, capsys):
+    """--stack hf: steps of transformers' own beam search, in a folder sim.validate predicts with hf-eager
+    at the recorded beam width (rows = batch x beams), with per-round medians for the noise figures."""
+    rc, _, err = run(HF + ["--rounds", "2", "--out", tmp_path], capsys)
+    assert rc == 0, err
+    folder = tmp_path / "tiny-gpt2"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["software"] == "hf-eager" and manifest["stack"] == "hf" and manifest["beams"] == 4
+    assert manifest["grid_settings"]["stack"] == "hf" and "beam-search step" in manifest["what"]
+    table = pd.read_parquet(folder / "timing.parquet").set_index("context")
+    assert set(table["phase"]) == {"decode"} and set(table["policy"]) == {"full"} and set(table["batch"]) == {1}
+    # steps 2..3 of generate (one warm-up interval dropped) attend context + 2 and + 3 keys: mean + 2.5
+    assert table.loc[32, "slots"] == round(32 + 1 + 1.5) and table.loc[32, "kv_tokens"] == pytest.approx(32 + 1.5)
+    assert (table["rounds"] == 2).all() and table["round_medians_s"].str.split().str.len().eq(2).all()
+    assert (table["median_s"] > 0).all()
+    from sim.validation.measured import load_timing
+    from sim.validation.points import measured_points
+    source = load_timing(folder)
+    assert source.profile == "hf-eager" and source.beams == 4
+    points, compare = measured_points(source)
+    assert (points["profile"] == "hf-eager").all() and points["configuration"].str.contains("b1x4beam").all()
+    assert points["scatter_pct"].notna().all()
+    # the comparison profiles see the same beams: the eager HF stack moves more bytes than the fused ideal
+    by = compare.pivot_table(index="id", columns="profile", values="predicted")
+    assert (by["hf-eager"] > by["fused"]).all()
+
+
+def test_hf_folder_refuses_to_resume_as_the_kvsim_stack(tmp_path, capsys):
+    assert run(HF + ["--out", tmp_path], capsys)[0] == 0
+    rc, _, err = run(["--model", "tiny-gpt2", "--context", "16,32", "--policy", "full", "--prefill", "none",
+                      "--repeats", "2", "--warmup", "1", "--out", tmp_path], capsys)
+    assert_one_line_error(rc, err, "other settings")
