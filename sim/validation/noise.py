@@ -79,10 +79,10 @@ def noise_summary(points: pd.DataFrame, threshold: float) -> list[dict]:
         return out
     measured = points[(points["kind"] == "measured") & points["scatter_pct"].notna()]
     for origin, group in measured.groupby("origin", sort=False):
-        for label, subset in (("decode-step latency", group[group["metric"] == "step_latency_s"]),
-                              ("all measured points", group)):
-            if not len(subset):
-                continue
+        decode = group[group["metric"] == "step_latency_s"]
+        for label, subset in (("decode-step latency", decode), ("all measured points", group)):
+            if not len(subset) or (subset is group and len(group) == len(decode)):
+                continue   # nothing, or the same points as the row before
             above = subset[subset["error_pct"].abs() > threshold]
             out.append(dict(origin=origin, points_of=label, points=len(subset),
                             mape=float(subset["error_pct"].abs().mean()), mape_by_round=mape_by_round(subset),
