@@ -15,6 +15,14 @@ SAMPLE_BYTES = (1e5, 1e6, 1e7, 1e8, 1e9)
 SAMPLE_FLOPS = (1e7, 1e9, 1e11, 1e12)
 
 
+# Optional tables (file key, Device attribute, unit of their sizes), shown point by point when present.
+TABLES = (("gemm_rows_efficiency", "gemm_rows_curve", "rows"),
+          ("attn_scores_efficiency", "attn_scores_curve", "head_dim"),
+          ("attn_values_efficiency", "attn_values_curve", "head_dim"),
+          ("fresh_alloc_efficiency", "fresh_alloc_curve", "bytes"))
+LONG_FIELDS = ("bw_efficiency", "compute_efficiency", *(key for key, _, _ in TABLES))
+
+
 def show_rows(device) -> list[tuple[str, str, str]]:
     """(field, value, source) rows describing a device."""
     src = device.sources
@@ -42,6 +50,12 @@ def show_rows(device) -> list[tuple[str, str, str]]:
         sources = [f"{field.split('.', 1)[1]}: {text}" if "." in field else text
                    for field, text in src.items() if field.split(".")[0] == key]
         rows.append((key, value, " | ".join(sources)))
+    for key, attr, unit in TABLES:
+        curve = getattr(device, attr)
+        if curve is not None:
+            points = ", ".join(f"{format_quantity(s, 'size') if unit == 'bytes' else f'{s:g} {unit}'}: {f:.3g}"
+                               for s, f in zip(curve.sizes, curve.fractions))
+            rows.append((key, points, src.get(key, "")))
     rows.append(("launch_overhead", format_quantity(device.launch_overhead_s, "time"), src["launch_overhead"]))
     rows.append(("host_overhead", format_quantity(device.host_overhead_s, "time"), src["host_overhead"]))
     if device.eager_call_overhead_s is not None:
@@ -61,9 +75,9 @@ def print_show(device) -> None:
     print()
     rows = [("field", "value", "source")] + show_rows(device)
     width_field = max(len(r[0]) for r in rows)
-    width_value = max(len(r[1]) for r in rows if r[0] not in ("bw_efficiency", "compute_efficiency"))
+    width_value = max(len(r[1]) for r in rows if r[0] not in LONG_FIELDS)
     for field, value, source in rows:
-        if field in ("bw_efficiency", "compute_efficiency"):
+        if field in LONG_FIELDS:
             # The sampled curve is too long for the value column: its own line, source below.
             print(f"{field:<{width_field}}  {value}")
             print(f"{'':<{width_field}}  {'':<{width_value}}  {source}")

@@ -44,6 +44,21 @@ def test_show_accepts_a_path(tmp_path):
     assert proc.returncode == 0 and str(path) in proc.stdout
 
 
+def test_show_lists_the_optional_tables_point_by_point(tmp_path):
+    import yaml
+    data = yaml.safe_load((hwmodels.DEVICES_DIR / "l4.yaml").read_text())
+    data["fresh_alloc_efficiency"] = {"form": "table", "size_unit": "MiB", "source": "test fresh",
+                                      "points": [[16, 1.0], [32, 0.35]]}
+    data["attn_scores_efficiency"] = {"form": "table", "size_unit": "head_dim", "source": "test attn",
+                                      "points": [[64, 0.7], [128, 0.9]]}
+    path = tmp_path / "tables.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = run_cli("hwmodels", "show", str(path)).stdout
+    assert "fresh_alloc_efficiency" in out and "33.55 MB: 0.35" in out and "test fresh" in out
+    assert "64 head_dim: 0.7, 128 head_dim: 0.9" in out
+    assert "fresh_alloc_efficiency" not in run_cli("hwmodels", "show", "l4").stdout
+
+
 def test_show_unknown_name_is_one_line():
     assert_one_line_error(run_cli("hwmodels", "show", "h300"), "h300", "unknown device name")
 
