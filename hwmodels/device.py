@@ -148,10 +148,9 @@ class Device:
 
         Eager code that grows or reorders a cache (torch.cat, index_select, repeat_kv) allocates its
         output every call. glibc serves allocations above its mmap threshold (at most 32 MiB) with
-        fresh pages that fault and are zeroed on first write; a GPU caching allocator reuses blocks."""
-        if self.fresh_alloc_curve is None:
-            return 1.0
-        return np.minimum(self.fresh_alloc_curve(nbytes), 1.0)
+        fresh pages that fault and are zeroed on first write; a GPU caching allocator reuses blocks.
+        (The table's fractions are in (0, 1]: the schema checks them.)"""
+        return _factor(self.fresh_alloc_curve, nbytes)
 
     def to_dict(self) -> dict:
         """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""
@@ -179,9 +178,10 @@ class Device:
         }
 
 
-def _factor(curve, head_dim):
-    """curve(head_dim) as a float for a scalar (array for an array); 1.0 without a curve."""
+def _factor(curve, key):
+    """curve(key) (a head width, a tensor size) as a float for a scalar (array for an array); 1.0
+    without a curve."""
     if curve is None:
-        return 1.0 if np.ndim(head_dim) == 0 else np.ones(np.shape(head_dim))
-    value = curve(head_dim)
+        return 1.0 if np.ndim(key) == 0 else np.ones(np.shape(key))
+    value = curve(key)
     return float(value) if np.ndim(value) == 0 else value

@@ -206,16 +206,16 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
     elems = _score_elems(ctx)
     beams_reorder = np.asarray(ctx.beams, float) > 1
     ops = []
+    cache = _kv_bytes(ctx, keys)          # K and V of one layer after the append
     if np.any(beams_reorder):
         # beam search: index_select over the batch*beam axis of every layer's K and V, every step.
-        ops.append(Op("beam_reorder", True, kv_read_bytes=_kv_bytes(ctx, keys) * beams_reorder,
-                      kv_write_bytes=_kv_bytes(ctx, keys) * beams_reorder, launches=2,
-                      fresh_tensor_bytes=_kv_bytes(ctx, keys) / 2))
+        ops.append(Op("beam_reorder", True, kv_read_bytes=cache * beams_reorder,
+                      kv_write_bytes=cache * beams_reorder, launches=2, fresh_tensor_bytes=cache / 2))
     ops += [
         # torch.cat([past_k, k]) and ([past_v, v]): read the cache, write cache + 1 token into new tensors,
         # per layer.
-        Op("cache_concat", True, kv_read_bytes=_kv_bytes(ctx, past), kv_write_bytes=_kv_bytes(ctx, keys),
-           launches=2, fresh_tensor_bytes=_kv_bytes(ctx, keys) / 2),
+        Op("cache_concat", True, kv_read_bytes=_kv_bytes(ctx, past), kv_write_bytes=cache,
+           launches=2, fresh_tensor_bytes=cache / 2),
         # additive ALiBi bias (H x keys, read) + causal/padding mask (rows x keys) on the logits.
         Op("mask_bias", True, act_bytes=2 * elems * ab + (m.n_heads + ctx.rows) * keys * ab, launches=2),
         # once per step: the 2-D attention mask grows by cat, the 4-D additive mask is rebuilt from it.
@@ -228,7 +228,7 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
     ops += policy_eager_ops(ctx, "hf")
     if ctx.policy in SCORED:
         # physical eviction every EVICT_INTERVAL steps: gather the kept K/V into a fresh buffer.
-        ops.append(Op("evict_compact", True, kv_read_bytes=_kv_bytes(ctx, keys) / EVICT_INTERVAL,
+        ops.append(Op("evict_compact", True, kv_read_bytes=cache / EVICT_INTERVAL,
                       kv_write_bytes=_kv_bytes(ctx, past) / EVICT_INTERVAL, launches=4 / EVICT_INTERVAL,
                       fresh_tensor_bytes=_kv_bytes(ctx, past) / 2))
     return ops

@@ -9,7 +9,7 @@ import yaml
 from ..cli import atomic_write_text
 from ..registry import load_device
 from ..schema import SCHEMA_VERSION
-from .fit import FitResult
+from .fit import FitResult, table_document
 from .fit_attention import attention_documents
 from .hostinfo import contended, other_load
 
@@ -105,23 +105,14 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
             # the sizes are FLOPs at this dtype's peak: other dtypes are read at equal time-at-peak
             "reference_dtype": primary_dtype,
         },
-        **({"gemm_rows_efficiency": {
-            "form": "table",
-            "size_unit": "rows",
-            "points": [[s, f] for s, f in zip(fit.rows_table.sizes, fit.rows_table.fractions)],
-            "source": prov.source(
-                f"{fit.rows_from}: fraction = 2 M n^2 / (peak_flops.{primary_dtype} x (median time - "
-                "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"),
-        }} if fit.rows_table is not None else {}),
+        **({"gemm_rows_efficiency": table_document(fit.rows_table, "rows", prov.source(
+            f"{fit.rows_from}: fraction = 2 M n^2 / (peak_flops.{primary_dtype} x (median time - "
+            "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"))}
+           if fit.rows_table is not None else {}),
         **attention_documents(fit.attention, prov.source),
-        **({"fresh_alloc_efficiency": {
-            "form": "table",
-            "size_unit": "B",
-            "points": [[int(s), f] for s, f in zip(fit.fresh_alloc.sizes, fit.fresh_alloc.fractions)],
-            "source": prov.source(
-                "fresh_copy, fresh_copy_ref: copy time into an existing buffer / into a newly allocated tensor "
-                "of the same size, per tensor size; capped at 1"),
-        }} if fit.fresh_alloc is not None else {}),
+        **({"fresh_alloc_efficiency": table_document(fit.fresh_alloc, "B", prov.source(
+            "fresh_copy, fresh_copy_ref: copy time into an existing buffer / into a newly allocated tensor "
+            "of the same size, per tensor size; capped at 1"))} if fit.fresh_alloc is not None else {}),
         "launch_overhead": _q(fit.launch_overhead_s * 1e6, "us", prov.source(f"dispatch: {dispatch_what}")),
         "host_overhead": _q(fit.host_overhead_s * 1e6, "us",
                             prov.source(f"host_step: {series['host_step'].what}")),

@@ -91,6 +91,13 @@ def round_fraction(value: float) -> float:
     return max(math.floor(min(value, 1.0) * scale) / scale, SMALLEST_FRACTION)
 
 
+def table_document(curve: TableCurve, size_unit: str, source: str) -> dict:
+    """A fitted table as the hardware file writes it (sizes are whole numbers of their unit)."""
+    return {"form": "table", "size_unit": size_unit,
+            "points": [[int(size), fraction] for size, fraction in zip(curve.sizes, curve.fractions)],
+            "source": source}
+
+
 def consistent_table(sizes, fractions) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Make measured fractions a valid TableCurve: non-decreasing (isotonic fit), in (0, 1],
     never rising faster than size (a larger kernel is never predicted faster), rounded down

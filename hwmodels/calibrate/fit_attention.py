@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..curves import TableCurve
-from .fit import raw_efficiency, round_fraction
+from .fit import raw_efficiency, round_fraction, table_document
 
 # kind -> (series prefix, hardware-file key, what the engine op computes)
 KINDS = {
@@ -65,13 +65,8 @@ def attention_documents(attention: dict, source) -> dict:
     docs = {}
     for kind, table in attention.items():
         _, key, what = KINDS[kind]
-        docs[key] = {
-            "form": "table",
-            "size_unit": "head_dim",
-            "points": [[int(d), f] for d, f in zip(table.curve.sizes, table.curve.fractions)],
-            "source": source(
-                f"{table.series}: {what} over a KV cache per head width; fraction = median over K sizes of "
-                "bytes / (memory_bandwidth x bw_efficiency(bytes) x (median time - launch_overhead)), "
-                "each point capped at 1"),
-        }
+        docs[key] = table_document(table.curve, "head_dim", source(
+            f"{table.series}: {what} over a KV cache per head width; fraction = median over K sizes of "
+            "bytes / (memory_bandwidth x bw_efficiency(bytes) x (median time - launch_overhead)), "
+            "each point capped at 1"))
     return docs

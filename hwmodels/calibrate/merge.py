@@ -98,7 +98,7 @@ def merged_provenance(paths: list[Path], docs: list[dict]) -> Provenance:
                   "load_average": d["calibration"].get("load_average"),
                   "wall_time_s": d["calibration"].get("wall_time_s")} for p, d in zip(paths, docs))
     # The busiest start among the runs (others' load): the contention warning then fires if any run was
-    # contended. (busiest_start copies the list: one shared with `runs` would be written as a YAML anchor)
+    # contended.
     busiest, own = busiest_start([d["calibration"].get("load_average") or {} for d in docs])
     return Provenance(
         device=last["device"], mode=last["mode"], host=last["host"], date=str(last["date"]),

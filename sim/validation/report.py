@@ -331,8 +331,8 @@ def _weights_floor_ms(row) -> float:
     from sim.models import load_model
     from sim.validation import predict
     device = predict._device(row["device"])
-    weights, _ = predict.decode_bytes(device, load_model(row["model"]), int(row["batch"]) * int(row["beam"]), 1.0,
-                                      row["policy"], row["dtype"], row["software"])
+    weights, _ = predict.decode_bytes(device, load_model(row["model"]), int(row["batch"]), 1.0, row["policy"],
+                                      row["dtype"], row["software"], beams=int(row["beam"]))
     return weights / device.memory_bw * 1000.0
 
 
