@@ -1,6 +1,7 @@
 """`python -m sim.validate`: predictions against published results and measured runs, error in plain sight.
 
-    python -m sim.validate                         # docs/validation-report.md + docs/validation-parity.png
+    python -m sim.validate                         # results/validate-<UTC timestamp>/validation-report.md + .png
+    python -m sim.validate --update-docs           # regenerate the committed docs/validation-report.md + png
     python -m sim.validate --json                  # also print one JSON object (points, mape, max_error, ...)
     python -m sim.validate --out /tmp/v --measured traces/data/cpu --references my_refs.csv
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +41,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m sim.validate",
                 description="Validate kvsim's predictions against published results and measured runs.")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="folder for validation-report.md and validation-parity.png (default: docs/)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for validation-report.md, validation-parity.png and validation-points.csv "
+                        "(default: results/validate-<UTC timestamp>/; an existing folder's report is replaced)")
+    p.add_argument("--update-docs", action="store_true",
+                   help="write into the repository's docs/ (the committed report and plot) instead of --out")
     p.add_argument("--json", action="store_true", help="print one JSON object with the statistics to stdout")
     p.add_argument("--measured", nargs="+", type=Path, default=None, metavar="DIR",
                    help="timing folders, or folders to search for them (default: everything under traces/data/)")
@@ -52,6 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flag points whose |error| exceeds this many percent (default 10)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def output_folder(out, update_docs: bool) -> Path:
+    """Where the report goes: --out, docs/ with --update-docs, else a fresh results/validate-<timestamp>/."""
+    if update_docs and out is not None:
+        raise ValueError("--update-docs writes to docs/; give either it or --out, not both")
+    if update_docs:
+        return DEFAULT_OUT
+    if out is None:
+        return Path("results") / f"validate-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file; --out names a folder (the report, plot and points go in it)")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+    return out
 
 
 def _short(path) -> str:
@@ -148,6 +169,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         if not args.threshold > 0:
             raise ValueError(f"--threshold must be a positive percentage, got {args.threshold}")
+        args.out = output_folder(args.out, args.update_docs)
         refs = load_references(args.references)
         if args.no_references:
             refs = refs.iloc[0:0]
