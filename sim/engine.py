@@ -92,7 +92,8 @@ def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", p
     setup = Setup(hw=hw_obj, model=model_obj, policy=kvlen.check_policy(policy), weight_dtype=wd, kv_dtype=kd,
                   act_dtype=ad, profile=prof, wb=dtype_bytes(wd), kvb=dtype_bytes(kd), ab=dtype_bytes(ad),
                   peak_gemm=float(hw_obj.peak_flops(wd)), peak_vector=float(hw_obj.peak_flops(ad)),
-                  host_s=float(hw_obj.host_overhead_s) + prof.extra_host_overhead_s,
+                  host_s=float(hw_obj.host_overhead_s if prof.host_overhead_s is None else prof.host_overhead_s)
+                  + prof.extra_host_overhead_s,
                   launch_s=launch_seconds(hw_obj, prof), switch_s=switch_seconds(hw_obj, prof),
                   **_attn_factors(hw_obj, model_obj.head_dim))
     if len(_SETUP_CACHE) > 4096:
@@ -105,6 +106,8 @@ def launch_seconds(hw, profile: Profile) -> float:
     """Time per launch: an eager profile's launches are top-level calls of eager model code, which cost
     the device's calibrated eager_call_overhead_s (hwmodels.calibrate's eager_call benchmark) where
     the file has one; everything else pays launch_overhead_s (a bare dispatch / kernel launch)."""
+    if profile.launch_overhead_s is not None:       # an engine profile's own (fitted) launch cost
+        return float(profile.launch_overhead_s)
     eager_call = getattr(hw, "eager_call_overhead_s", None) if profile.eager else None
     return hw.launch_overhead_s if eager_call is None else eager_call
 
@@ -135,7 +138,7 @@ def make_ctx(s: Setup, phase, batch, beams, new_tokens, past_tokens, cache_ratio
                      new_tokens=new_tokens, past_tokens=past_tokens, cache_ratio=cache_ratio,
                      recent_ratio=recent_ratio, weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype,
                      act_dtype=s.act_dtype, wb=s.wb, kvb=s.kvb, ab=s.ab, profile=s.profile,
-                     completes_prompt=completes_prompt)
+                     completes_prompt=completes_prompt, hw=s.hw)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -180,13 +183,20 @@ def _gemm_rows_limit(hw, ops, eff):
 
     `eff` is (n_ops, *shape); an op's rows may be scalar or broadcast to the trailing shape."""
     rows_eff = getattr(hw, "gemm_rows_efficiency", None)
-    if rows_eff is None or getattr(hw, "gemm_rows_curve", None) is None:
+    rows = rows_eff is not None and getattr(hw, "gemm_rows_curve", None) is not None
+    own = any(op.compute_eff is not None or op.compute_scale is not None for op in ops)
+    if not rows and not own:
         return eff
     eff = np.array(eff, dtype=float, copy=True)
     for i, op in enumerate(ops):
-        if op.gemm and op.rows is not None:
+        if rows and op.gemm and op.rows is not None:
             limit = rows_eff(np.maximum(np.asarray(op.rows, dtype=float), 1.0))
             eff[i] = np.minimum(eff[i], limit)
+        # an engine profile's kernel rates (Profile.adjust_ops): replace, then scale
+        if op.compute_eff is not None:
+            eff[i] = op.compute_eff
+        if op.compute_scale is not None:
+            eff[i] = eff[i] * op.compute_scale
     return eff
 
 
@@ -198,7 +208,8 @@ def _stream_factors(s: Setup, ops) -> list | None:
     attention = not (s.attn_scores_factor == 1.0 and s.attn_values_factor == 1.0)
     fresh = getattr(s.hw, "fresh_alloc_curve", None) is not None and any(
         op.fresh_tensor_bytes is not None for op in ops)
-    if not attention and not fresh:
+    own = any(op.bw_scale is not None for op in ops)
+    if not attention and not fresh and not own:
         return None
     by_kind = {"scores": s.attn_scores_factor, "values": s.attn_values_factor}
     factors = []
@@ -206,6 +217,8 @@ def _stream_factors(s: Setup, ops) -> list | None:
         factor = by_kind.get(op.kv_stream, 1.0)
         if fresh and op.fresh_tensor_bytes is not None:
             factor = factor * s.hw.fresh_alloc_factor(np.maximum(op.fresh_tensor_bytes, 1.0))
+        if op.bw_scale is not None:
+            factor = factor * op.bw_scale
         factors.append(factor)
     return factors
 

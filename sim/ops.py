@@ -44,6 +44,12 @@ class Op:
     # bytes of each tensor the op allocates anew (torch.cat / index_select / repeat_kv outputs in eager
     # code): filling fresh memory may run below the streaming rate (hwmodels Device.fresh_alloc_factor)
     fresh_tensor_bytes: Any = None
+    # an engine profile's own rates (Profile.adjust_ops): compute_eff replaces the device's size curve
+    # for this op (fraction of the op's peak, e.g. decode attention on CUDA cores), compute_scale and
+    # bw_scale multiply the device's compute and streaming efficiencies; all in (0, 1], None = unchanged
+    compute_eff: Any = None
+    compute_scale: Any = None
+    bw_scale: Any = None
 
 
 @dataclass(slots=True)
@@ -72,6 +78,16 @@ class OpContext:
     ab: float                   # bytes per activation element
     profile: Any
     completes_prompt: bool = True   # prefill: this pass finishes the prompt (policy selects + compacts)
+    hw: Any = None                  # the device (engine profiles read its peaks in Profile.adjust_ops)
+
+
+def _adjust(ctx: OpContext, ops: list[Op]) -> list[Op]:
+    """An engine profile's rates for these ops (Profile.adjust_ops sets Op.compute_eff / compute_scale /
+    bw_scale in place); other profiles: unchanged."""
+    hook = getattr(ctx.profile, "adjust_ops", None)
+    if hook is not None:
+        hook(ctx, ops)
+    return ops
 
 
 def _launch(ctx: OpContext, name: str) -> float:
@@ -88,7 +104,7 @@ def dense_ops(ctx: OpContext) -> list[Op]:
     mlp_w = (3 if m.gated_mlp else 2) * d * m.d_ff
     mlp_inner = (2 if m.gated_mlp else 1) * m.d_ff      # gate+up (or up) output written, then read
     logits_rows = ctx.rows                               # fused: logits for the last position only
-    return [
+    return _adjust(ctx, [
         Op("embed", False, weight_bytes=tokens * d * wb, act_bytes=tokens * d * ab, launches=_launch(ctx, "embed")),
         Op("norms", True, flops=2 * NORM_FLOPS * tokens * d, weight_bytes=2 * d * wb,
            act_bytes=2 * 2 * tokens * d * ab, launches=_launch(ctx, "norms")),
@@ -105,7 +121,7 @@ def dense_ops(ctx: OpContext) -> list[Op]:
         Op("lm_head", False, flops=2 * logits_rows * m.vocab_size * d, weight_bytes=m.vocab_size * d * wb,
            act_bytes=logits_rows * (d * ab + m.vocab_size * SCORE_BYTES), launches=_launch(ctx, "lm_head"), gemm=True,
            rows=logits_rows),
-    ]
+    ])
 
 
 def attention_ops(ctx: OpContext) -> list[Op]:
@@ -203,4 +219,4 @@ def group_ops(ctx: OpContext) -> list[Op]:
         hook = ctx.profile.extra_prefill_ops
     if hook is not None:
         ops += list(hook(ctx))
-    return ops
+    return _adjust(ctx, ops)

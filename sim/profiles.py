@@ -40,6 +40,12 @@ class Profile:
     # eager_call_overhead_s (allocation, nested aten calls, nn.Module machinery, Python between calls)
     # where the hardware file has it, else launch_overhead_s like any kernel launch
     eager: bool = False
+    # engine profiles (sim/profile_engines.py): the engine's own per-step and per-launch overheads in place
+    # of the device file's assumptions (None: the device's), and adjust_ops(ctx, ops), which sets an op's
+    # Op.compute_eff / compute_scale / bw_scale (the engine's kernel rates; factors in (0, 1])
+    host_overhead_s: float | None = None
+    launch_overhead_s: float | None = None
+    adjust_ops: Callable | None = None
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -53,6 +59,10 @@ class Profile:
             raise ValueError(f"profile {self.name}: prefill_chunk_tokens must be positive or None")
         if self.extra_host_overhead_s < 0:
             raise ValueError(f"profile {self.name}: extra_host_overhead_s must be >= 0")
+        for name in ("host_overhead_s", "launch_overhead_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"profile {self.name}: {name} must be >= 0")
 
 
 PROFILES: dict[str, Profile] = {}
@@ -77,7 +87,7 @@ def get_profile(name_or_profile) -> Profile:
 def _load_plugins():
     """Profiles shipped in other sim modules register themselves on import (e.g. hf-eager)."""
     import importlib
-    for module in ("sim.profile_hf_eager",):
+    for module in ("sim.profile_hf_eager", "sim.profile_engines", "sim.profile_hf"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
