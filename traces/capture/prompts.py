@@ -54,3 +54,24 @@ def forced_ids(lm, sample: Sample, n_tokens: int) -> list[int]:
         raise ValueError(f"sample {sample.id}: the reference has only {len(ids)} tokens, "
                          f"fewer than --max-new-tokens {n_tokens}")
     return ids
+
+
+def max_positions(lm) -> int | None:
+    """Positions the model was built for (max_position_embeddings, MPT's max_seq_len), or None."""
+    cfg = lm.model.config
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "max_seq_len", None) or None
+
+
+def check_positions(lm, prompts: dict, max_new_tokens: int) -> None:
+    """Every prompt plus the tokens to generate (or force) must fit the model's positions: one line naming
+    the longest sample otherwise, before any run (as keyformer.generate rejects the same input)."""
+    limit = max_positions(lm)
+    if not limit or not prompts:
+        return
+    sample, ids = max(prompts.items(), key=lambda item: len(item[1]))
+    if len(ids) + max_new_tokens > limit:
+        room = limit - max_new_tokens
+        hint = (f"cut prompts with --max-prompt-tokens {room}" if room > 0
+                else f"--max-new-tokens must be below {limit}")
+        raise ValueError(f"sample {sample}: prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} exceeds "
+                         f"the model's {limit} positions; {hint}")
