@@ -41,9 +41,6 @@ class CaptureConfig:
     max_prompt_tokens: int | None = None
     teacher_forced: bool | None = None  # None: the dataset's mode (long-text is teacher-forced)
     threads: int | None = None  # torch CPU threads (None: torch's default); recorded in the manifest
-    detail: str = "full"  # "summary": per-step kv rows (means over layers and heads), no kept positions
-    shared_prefill: bool = True  # one recorded prompt forward per sample, replayed for every run on it
-    long_text_chars: int = 6000  # chunk size of long-text samples (half prompt, half forced continuation)
     overwrite: bool = False
     progress: bool = True
     specs: list = field(init=False, repr=False)
@@ -77,10 +74,6 @@ class CaptureConfig:
             raise ValueError(f"--dtype must be fp32, bf16 or fp16, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
-        if self.detail not in ("full", "summary"):
-            raise ValueError(f"--detail must be full or summary, got {self.detail!r}")
-        if self.long_text_chars < 200:
-            raise ValueError(f"--long-text-chars must be >= 200, got {self.long_text_chars}")
         dataset_info(self.dataset)  # unknown names fail here, before any model loads
 
     def ratios_for(self, spec) -> tuple:
@@ -93,9 +86,7 @@ class CaptureConfig:
                 "cache_ratios": list(self.cache_ratios), "recent_ratio": self.recent_ratio,
                 "dataset": self.dataset, "n": self.n, "sample_ids": sample_ids,
                 "max_new_tokens": self.max_new_tokens, "device": self.device, "dtype": self.dtype,
-                "seed": self.seed, "max_prompt_tokens": self.max_prompt_tokens, "mode": self.mode(),
-                "detail": self.detail,
-                **({"long_text_chars": self.long_text_chars} if self.dataset.startswith("long-text") else {})}
+                "seed": self.seed, "max_prompt_tokens": self.max_prompt_tokens, "mode": self.mode()}
 
     def mode(self) -> str:
         if self.teacher_forced is None:
@@ -139,7 +130,7 @@ def run_capture(config: CaptureConfig) -> Path:
     for spec in config.specs:  # bad policy names/parameters fail before the data and the model load
         for ratio in config.ratios_for(spec):
             make_policy(spec, ratio, config.recent_ratio, config.max_new_tokens, config.seed)
-    samples = load_samples(config.dataset, config.n, config.seed, long_text_chars=config.long_text_chars)
+    samples = load_samples(config.dataset, config.n, config.seed)
     if len(samples) < config.n:
         print(f"note: dataset {config.dataset} has only {len(samples)} samples (asked for {config.n})",
               file=sys.stderr)
@@ -175,19 +166,14 @@ def run_capture(config: CaptureConfig) -> Path:
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"capture {lm.name}", unit="run",
                disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
     shadow_memo: dict = {}
-    memo_sample, record = None, None
+    memo_sample = None
     for (sample, spec, ratio), key in todo:
         if memo_sample != sample.id:  # full-cache passes are shared by the runs of one sample only
-            shadow_memo, memo_sample, record = {}, sample.id, None
-            if config.shared_prefill:
-                from keyformer.generate import record_prefill
-
-                record = record_prefill(lm.model, torch.tensor([prompts[sample.id]], device=device))
+            shadow_memo, memo_sample = {}, sample.id
         bar.set_postfix_str(f"{sample.id} {spec.label} r={ratio:g}")
         started = time.perf_counter()
         result = capture_one(lm, spec, ratio, config.recent_ratio, prompts[sample.id], forced.get(sample.id),
-                             config.max_new_tokens, config.seed, sample.id, sample.reference, shadow_memo,
-                             record=record, detail=config.detail)
+                             config.max_new_tokens, config.seed, sample.id, sample.reference, shadow_memo)
         result.text["run_wall_s"] = time.perf_counter() - started
         store.write_shard(out, key, result)
         bar.update(1)
@@ -222,6 +208,5 @@ def _manifest(config: CaptureConfig, lm, info, samples, prompts, wall: float, de
         "max_new_tokens": config.max_new_tokens,
         "device": config.device, "dtype": config.dtype, "versions": _versions(), "seed": config.seed,
         "wall_time_s": round(wall, 3), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "detail": config.detail, "shared_prefill": config.shared_prefill,
         "env": _environment(device), "capture": settings,
     }
