@@ -1,4 +1,4 @@
-"""`python -m hwmodels.calibrate --device cpu|cuda [--out FILE] [--name NAME] [--quick]`,
+"""`python -m hwmodels.calibrate --device cpu|cuda [--out FILE] [--name NAME] [--quick | --thorough]`,
 or `python -m hwmodels.calibrate --merge A.yaml B.yaml [...] --out FILE [--name NAME]` (no torch)."""
 from __future__ import annotations
 
@@ -97,11 +97,17 @@ def parse_args(argv):
                         "merged file's name)")
     parser.add_argument("--quick", action="store_true",
                         help="a few seconds, few sizes, warm caches: for tests, not for predictions")
+    parser.add_argument("--thorough", action="store_true",
+                        help="the full plan (CPU: 1 GiB stream point, 4096^3 bf16 GEMM, 11 repeats; several "
+                             "minutes, the plan of the committed calibrations); default on a CPU: the standard "
+                             "plan (under 2 minutes on a busy 2-core machine)")
     args = parser.parse_args(argv)
     if (args.device is None) == (args.merge is None):
         parser.error("give either --device (measure) or --merge FILE... (combine calibrations)")
-    if args.merge and args.quick:
-        parser.error("--quick measures; it has no meaning with --merge")
+    if args.merge and (args.quick or args.thorough):
+        parser.error(f"{'--quick' if args.quick else '--thorough'} measures; it has no meaning with --merge")
+    if args.quick and args.thorough:
+        parser.error("give --quick or --thorough, not both")
     if args.merge and args.out is None:
         parser.error("--merge needs --out")
     args.name = args.name or (None if args.merge else f"{args.device}-local")
@@ -123,8 +129,10 @@ class Calibration:
     plan: Plan
 
 
-def measure(device: str, quick: bool, omp: str, progress=None, say=None, own_load: float = 0.0) -> Calibration:
-    """Run the plan's microbenchmarks in this process (torch threads as currently set).
+def measure(device: str, quick: bool, omp: str, progress=None, say=None, own_load: float = 0.0,
+            thorough: bool = True) -> Calibration:
+    """Run the plan's microbenchmarks in this process (torch threads as currently set); `thorough`: the
+    full plan (default here, as traces.timing --calibrate needs), else the standard one (plan.make_plan).
     `progress(label)` is called after each point, `say(line)` for the start line and warnings.
     `own_load`: busy threads that belong to the caller itself (e.g. traces.timing's spinning measurement
     threads, which keep the 1-minute load average near their count); subtracted from the load average
@@ -138,7 +146,7 @@ def measure(device: str, quick: bool, omp: str, progress=None, say=None, own_loa
 
     from .bench import make_timer, run_all
 
-    plan = make_plan(device, quick)
+    plan = make_plan(device, quick, thorough)
     facts = device_facts(device, torch)
     say(f"calibrating {device} ({plan.mode}): OMP_WAIT_POLICY={omp}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {load_before}")
@@ -165,6 +173,8 @@ def write_calibration(cal: Calibration, name: str, out: Path):
     """Fit, write `out` atomically and load it back through the schema; returns the Device.
     Raises OSError / HardwareFileError."""
     result = fit(cal.series, cal.plan.primary_dtype)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     doc = build_document(name, cal.facts["description"], cal.facts["memory_bytes"], cal.facts["memory_how"],
                          result, cal.series, cal.prov, cal.plan.primary_dtype)
     return write_and_check(out, doc)
@@ -178,14 +188,14 @@ def main(argv=None) -> int:
     import_torch(args.device)   # a missing torch or GPU is one line before any bar appears
     from tqdm import tqdm
 
-    plan = make_plan(args.device, args.quick)
+    plan = make_plan(args.device, args.quick, args.thorough)
     try:
         with tqdm(total=plan.n_points(), desc=f"calibrate {args.device}", unit="pt",
                   file=sys.stderr, leave=False) as bar:
             def progress(label):
                 bar.set_postfix_str(label, refresh=False)
                 bar.update(1)
-            cal = measure(args.device, args.quick, omp, progress, say=bar.write)
+            cal = measure(args.device, args.quick, omp, progress, say=bar.write, thorough=args.thorough)
     except KeyboardInterrupt:
         print("error: interrupted; nothing written", file=sys.stderr)
         return 130

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from ..cli import atomic_write_text
+from ..cli import atomic_writer
 from ..registry import load_device
 from ..schema import SCHEMA_VERSION
 from .fit import FitResult, table_document
@@ -198,7 +198,13 @@ def render(doc: dict) -> str:
 
 
 def write_and_check(path: Path, doc: dict):
-    """Write the file atomically, then load it back through the schema (a file the loader
-    rejects is a bug here, never shipped silently)."""
-    atomic_write_text(path, render(doc))
+    """Write the file to a temporary name, load it back through the schema, and only then move it into
+    place: a file the loader rejects (a bug in the fit) is never shipped, and never left behind."""
+    text = render(doc)
+
+    def write_checked(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+        load_device(tmp)              # raises HardwareFileError; atomic_writer then removes tmp
+
+    atomic_writer(path, write_checked)
     return load_device(path)

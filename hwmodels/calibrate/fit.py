@@ -148,6 +148,7 @@ class FitResult:
     eager_call_overhead_s: float | None = None       # per top-level eager call (None: not measured)
     eager_switch_s: float | None = None              # per weight GEMV between eager calls (None: not measured)
     fresh_alloc: TableCurve | None = None            # tensor bytes -> copy rate into a fresh tensor / existing
+    warnings: tuple[str, ...] = ()                   # values the fit had to bound (printed by the CLI)
 
 
 def fit(series: dict, primary_dtype: str) -> FitResult:
@@ -181,9 +182,15 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     rows_table, rows_from = fit_rows(series, primary_dtype, flops[primary_dtype], launch)
     from .fit_attention import fit_attention   # here, not at the top: it imports this module's helpers
     attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch)
+    switch, warnings = fit_eager_switch(series), []
+    if switch is not None and switch < EAGER_SWITCH_FLOOR_S:
+        warnings.append(f"eager_weight_switch_overhead came out {switch * 1e6:.3g} us (the streaming eager stack "
+                        "was no slower than the hot one: noise or contention); bounded at "
+                        f"{EAGER_SWITCH_FLOOR_S * 1e6:g} us, i.e. no measurable switch cost")
+        switch = EAGER_SWITCH_FLOOR_S
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
                      flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from,
-                     attention, fit_eager_call(series), fit_eager_switch(series), fit_fresh_alloc(series))
+                     attention, fit_eager_call(series), switch, fit_fresh_alloc(series), tuple(warnings))
 
 
 def fit_fresh_alloc(series: dict) -> TableCurve | None:
@@ -212,15 +219,21 @@ def fit_eager_call(series: dict) -> float | None:
     return float(np.median(eager.seconds() / eager.sizes()))
 
 
+# A hardware file's eager_weight_switch_overhead must be positive: a difference that comes out at or below
+# zero (the streaming stack no slower than the hot one, after bench's re-measurements) is bounded here.
+EAGER_SWITCH_FLOOR_S = 1e-9
+
+
 def fit_eager_switch(series: dict) -> float | None:
     """Seconds per streamed weight that the eager calls around it lose: (the eager_stream stack's time
-    per layer - the eager_call stack's) / streamed weights per layer, never below zero. None without
-    both series (GPU plans and older calibrations)."""
+    per layer - the eager_call stack's) / streamed weights per layer (may be <= 0 on a noisy machine:
+    fit() bounds it at EAGER_SWITCH_FLOOR_S with a warning). None without both series (GPU plans and
+    older calibrations)."""
     streamed, hot = series.get("eager_stream"), series.get("eager_call")
     if streamed is None or hot is None or not streamed.points or not hot.points:
         return None
     per_layer = float(np.median(streamed.seconds())) - float(np.median(hot.seconds()))
-    return max(per_layer, 0.0) / float(np.median(streamed.sizes()))
+    return per_layer / float(np.median(streamed.sizes()))
 
 
 def skinny_side(name: str) -> int:

@@ -5,7 +5,7 @@ The only device-specific inputs besides the timer. Pure data, no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..dtypes import DTYPES, dtype_bytes
 
@@ -15,7 +15,7 @@ KiB, MiB, GiB = 2**10, 2**20, 2**30
 @dataclass(frozen=True)
 class Plan:
     device: str                       # "cpu" or "cuda"
-    mode: str                         # "full" or "quick"
+    mode: str                         # "standard" (CPU default), "full" (--thorough) or "quick"
     stream_sizes: tuple[int, ...]     # bytes per read / per copy source / per GEMV weight
     gemv_dtypes: tuple[str, ...]
     gemm_sizes: dict                  # dtype -> square sizes n (n x n x n GEMMs)
@@ -46,8 +46,8 @@ class Plan:
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
-        if self.mode not in ("full", "quick"):
-            raise ValueError(f"mode must be full or quick, got {self.mode!r}")
+        if self.mode not in ("standard", "full", "quick"):
+            raise ValueError(f"mode must be standard, full or quick, got {self.mode!r}")
         sizes = self.stream_sizes
         if not sizes or any(s <= 0 for s in sizes) or list(sizes) != sorted(set(sizes)):
             raise ValueError("stream sizes must be positive and strictly increasing")
@@ -118,13 +118,25 @@ def _powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def make_plan(device: str, quick: bool) -> Plan:
+def make_plan(device: str, quick: bool, thorough: bool = True) -> Plan:
+    """The plan for `device`: quick (tests), else the full plan when `thorough` (every size; the committed
+    calibrations and traces.timing --calibrate use it), else on a CPU the standard plan (the CLI's default:
+    the full plan without its slowest points, about 4x faster). A GPU has one non-quick plan."""
     if device == "cpu" and quick:
         # Seconds, for tests: warm caches (the pool fits in the LLC), few sizes; not representative.
         return Plan("cpu", "quick", _powers(64 * KiB, 4 * MiB), ("fp32",), {"fp32": (32, 64, 128, 256)},
                     "fp32", pool_bytes=16 * MiB, repeats=3, min_sample_s=0.5e-3,
                     skinny_sides=(256,), skinny_rows=(1, 2, 4, 8),
                     attn_head_dims=(64,), attn_kv_bytes=(256 * KiB, 1 * MiB), fresh_sizes=(1 * MiB, 4 * MiB))
+    if device == "cpu" and not thorough:
+        # The full plan below without what costs most and changes least on a 2-core machine (about 80% of
+        # its time there): the 1 GiB stream point (reads still come from the 1 GiB pool, > the LLC: cold),
+        # the 4096^3 bf16 and 2048^3 fp16 GEMMs (peaks then come from 2048^3 / 1024^3), and 7 repeats
+        # instead of 11. About 20 s on a quiet 2-core VM; --thorough for the full plan.
+        full = make_plan("cpu", False, thorough=True)
+        return replace(full, mode="standard", stream_sizes=_powers(64 * KiB, 256 * MiB), repeats=7,
+                       gemm_sizes={"fp32": (64, 128, 256, 512, 1024, 2048),
+                                   "bf16": (64, 128, 256, 512, 1024, 2048), "fp16": (256, 1024)})
     if device == "cpu":
         # 64 KiB .. 1 GiB in x4 steps. The 1 GiB pool is > 3x the last-level cache of this
         # class of server CPU (300 MiB here), so every read streams from DRAM as decode

@@ -4,7 +4,7 @@ import pytest
 
 from hwmodels import load_device
 from hwmodels.calibrate.document import Provenance, build_document, render, write_and_check
-from hwmodels.calibrate.fit import (Series, consistent_table, fit, isotonic_increasing,
+from hwmodels.calibrate.fit import (EAGER_SWITCH_FLOOR_S, Series, consistent_table, fit, isotonic_increasing,
                                     raw_efficiency)
 from hwmodels.calibrate.plan import Plan, make_plan
 from hwmodels.curves import SaturatingCurve, check_table
@@ -237,6 +237,11 @@ def test_eager_weight_switch_is_the_streamed_stack_minus_the_plain_one_per_weigh
     assert doc["eager_weight_switch_overhead"]["value"] == pytest.approx(100.0)
     device = write_and_check(tmp_path / "switch.yaml", doc)
     assert device.eager_weight_switch_s == pytest.approx(100e-6)
-    # a streamed stack measured faster than the plain one (noise) is no negative cost
+    # a streamed stack measured faster than the plain one (noise) is no negative cost: bounded at a tiny
+    # positive floor with a warning, so the file stays valid (the schema wants a positive value)
     series["eager_stream"] = Series("eager_stream", "the same, weights streamed", "calls", [(7.0, 150e-6)])
-    assert fit(series, "fp32").eager_switch_s == 0.0
+    bounded = fit(series, "fp32")
+    assert bounded.eager_switch_s == EAGER_SWITCH_FLOOR_S and result.warnings == ()
+    assert len(bounded.warnings) == 1 and "eager_weight_switch_overhead came out -7.14 us" in bounded.warnings[0]
+    doc = build_document("test-cpu", "synthetic device", 16e9, "test", bounded, series, provenance(), "fp32")
+    assert write_and_check(tmp_path / "bounded.yaml", doc).eager_weight_switch_s == pytest.approx(1e-9)
