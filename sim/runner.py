@@ -126,6 +126,7 @@ class ResultCache:
     def __init__(self, root: str | os.PathLike, namespace: str):
         self.dir = Path(root) / namespace
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.unreadable: list[Path] = []     # shards load() could not read: replaced by drop_unreadable()
 
     def shards(self) -> list[Path]:
         return sorted(self.dir.glob("shard-*.parquet"))
@@ -139,7 +140,10 @@ class ResultCache:
             except FileNotFoundError:  # compacted away by a concurrent run: its rows are in a new shard
                 continue
             except Exception as exc:  # a shard can only be corrupt if edited by hand: recompute its points
-                warnings.warn(f"ignoring unreadable cache shard {path}: {exc}")
+                warnings.warn(f"ignoring unreadable cache shard {path}: {exc}; its points are recomputed "
+                              "and the shard replaced")
+                if path not in self.unreadable:
+                    self.unreadable.append(path)
                 continue
             frames.append(frame)
         if not frames:
@@ -158,16 +162,31 @@ class ResultCache:
         _atomic_parquet(frame, path)
         return path
 
+    def drop_unreadable(self) -> None:
+        """Remove the unreadable shards load() met, once the run has stored its points in new shards
+        (written atomically): nothing readable is lost, and the next run neither warns nor recomputes."""
+        for path in self.unreadable:
+            path.unlink(missing_ok=True)
+        self.unreadable.clear()
+
     def compact(self, min_shards: int = 64) -> None:
         """Merge many small shards into one. The merged shard lands before the old ones go, so a crash
         in between leaves duplicates (harmless: ``load`` drops them), never a gap."""
         shards = self.shards()
         if len(shards) < min_shards:
             return
-        frames = [pd.read_parquet(p) for p in shards]
+        frames, read = [], []
+        for p in shards:
+            try:
+                frames.append(pd.read_parquet(p))
+            except Exception:   # vanished (a concurrent compaction) or unreadable: load() warns about it
+                continue
+            read.append(p)
+        if not frames:
+            return
         merged = pd.concat(frames, ignore_index=True).drop_duplicates([KEY_HI, KEY_LO], ignore_index=True)
         _atomic_parquet(merged, self.dir / f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet")
-        for p in shards:
+        for p in read:
             p.unlink(missing_ok=True)
 
 
@@ -391,6 +410,7 @@ def run_points(points: pd.DataFrame, evaluate: Evaluate, *, key_columns: Sequenc
     finally:
         bar.close()
     if cache is not None:
+        cache.drop_unreadable()   # their points (those this run wanted) are in this run's new shards
         cache.compact()
 
     table = None

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,25 @@ def test_unreadable_shard_is_ignored_with_a_warning_and_its_points_recomputed(to
     with pytest.warns(UserWarning, match="unreadable cache shard"):
         again = run_points(grid(40), toy_evaluate, cache_dir=cache, progress=False, chunk_size=20)
     assert again.n_computed == 20
+    # issue 17: the recomputed points replace the corrupt shard, so the next run neither warns nor recomputes
+    assert not shard.exists() and len(list(cache.rglob("shard-*.parquet"))) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        third = run_points(grid(40), toy_evaluate, cache_dir=cache, progress=False, chunk_size=20)
+    assert third.n_cached == 40 and third.n_computed == 0
+    pd.testing.assert_frame_equal(third.table, again.table)
+
+
+def test_compaction_skips_an_unreadable_shard(toy_env, tmp_path):
+    cache = tmp_path / "cache"
+    run_points(grid(630), toy_evaluate, cache_dir=cache, progress=False, chunk_size=10)   # 63 shards
+    shard = sorted(cache.rglob("shard-*.parquet"))[0]
+    shard.write_bytes(b"not parquet")
+    with pytest.warns(UserWarning, match="unreadable cache shard"):
+        again = run_points(grid(640), toy_evaluate, cache_dir=cache, progress=False, chunk_size=10)
+    assert again.n_computed == 20 and len(again.table) == 640
+    assert [p.name for p in cache.rglob("shard-*.parquet")] != [] and not shard.exists()
+    assert run_points(grid(640), toy_evaluate, cache_dir=cache, progress=False).n_cached == 640
 
 
 def test_many_shards_are_compacted_without_losing_points(toy_env, tmp_path):
