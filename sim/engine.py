@@ -410,7 +410,7 @@ def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1
               weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
     """Largest batch (requests) whose peak memory fits the device; 0 when not even one fits."""
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
-    peak_tokens = (kvlen.peak_kv_tokens(policy, prompt, gen, cache_ratio) if kv_peak_tokens is None
+    peak_tokens = (kvlen.peak_kv_tokens(policy, prompt, gen, cache_ratio, model=s.model) if kv_peak_tokens is None
                    else np.asarray(kv_peak_tokens, float))
     return _max_batch(s, np.asarray(prompt, float), np.asarray(beams, float), peak_tokens)
 
@@ -483,7 +483,7 @@ def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_
     ttft = pre.step_time[:, 0]
     nodes, weights = decode_nodes(s.policy, gen, kv_override)                # (P or 1, nodes)
     if kv_override is None:
-        past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0])[..., None], 1
+        past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0], model=s.model)[..., None], 1
     else:
         past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
     dec = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", b, k, 1.0, past, p, r)),
@@ -537,14 +537,14 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     if kv_override is not None:
         if batch.size != 1:
             raise ValueError("kv_override applies to a single design point")
-        held = np.asarray(kv_override, dtype=float).mean(axis=1)   # all rows, incl. the state after the last step
-        kv_override = _check_override(kv_override, int(gen[0]), s.model.n_layers)
+        held = kvlen.windowed_per_layer(s.model, kv_override).mean(axis=1)   # all rows, incl. after the last step
+        kv_override = kvlen.windowed_per_layer(s.model, _check_override(kv_override, int(gen[0]), s.model.n_layers))
         # same convention as kvlen.peak_kv_tokens: full reserves its final length (last row = n+gen);
         # an evicting policy holds one token over its budget between append and eviction
         appended = 0.0 if s.policy == "full" else 1.0
-        peak_tokens = np.array([max(prompt[0], held.max() + appended)])
+        peak_tokens = np.array([max(float(kvlen.windowed(s.model, prompt[0])), held.max() + appended)])
     else:
-        peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio)
+        peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model)
     out = _latency(s, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, keep_ops=_keep_ops)
     out["tokens_per_s"] = batch * gen / out["e2e_s"]
     m = s.model

@@ -32,6 +32,14 @@ class ModelSpec:
     positional: str
     max_positions: int | None
     source: str = ""
+    # the config's sliding attention window (Mistral-7B-v0.1: 4096); None when absent or null. sim.kvlen
+    # caps the KV held by the `sliding_layers` below at it; engine profiles read it too (a cyclic KV cache
+    # changes which decode-attention kernel an engine runs, sim/profile_engines.py)
+    sliding_window: int | None = None
+    # the layers that keep only the last `sliding_window` tokens (sim.kvlen caps their KV there): every layer
+    # of Mistral with a window, Qwen2's from max_window_layers on with use_sliding_window, or the config's
+    # layer_types "sliding_attention" entries; () when none does
+    sliding_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
@@ -43,6 +51,16 @@ class ModelSpec:
                              f"n_kv_heads={self.n_kv_heads}")
         if self.positional not in POSITIONAL:
             raise ValueError(f"model {self.name}: positional must be one of {POSITIONAL}, got {self.positional!r}")
+        if any(not 0 <= i < self.n_layers for i in self.sliding_layers) or len(set(self.sliding_layers)) != len(
+                self.sliding_layers):
+            raise ValueError(f"model {self.name}: sliding_layers must be distinct layer indices below {self.n_layers}")
+        if self.sliding_layers and self.sliding_window is None:
+            raise ValueError(f"model {self.name}: sliding_layers without a sliding_window")
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers that keep at most `sliding_window` tokens (0: every layer holds the whole context)."""
+        return len(self.sliding_layers) if self.sliding_window else 0
 
     @property
     def attention(self) -> str:
@@ -177,7 +195,31 @@ def spec_from_config(cfg: dict, name: str, where: str = "") -> ModelSpec:
     return ModelSpec(name=name, model_type=model_type, n_layers=kw["n_layers"], d_model=d_model, n_heads=n_heads,
                      n_kv_heads=kw.get("n_kv_heads") or n_heads, head_dim=head_dim, d_ff=kw["d_ff"],
                      vocab_size=kw["vocab_size"], gated_mlp=kw["gated_mlp"], tied_embeddings=bool(kw["tied"]),
-                     positional=kw["positional"], max_positions=kw["max_positions"], source=cfg.get("_source", where))
+                     positional=kw["positional"], max_positions=kw["max_positions"], source=cfg.get("_source", where),
+                     sliding_window=_window(cfg.get("sliding_window")),
+                     sliding_layers=_sliding_layers(cfg, model_type, kw["n_layers"], where))
+
+
+def _window(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _sliding_layers(cfg: dict, model_type: str, n_layers: int, where: str) -> tuple[int, ...]:
+    """Indices of the layers that apply the config's sliding window, as transformers builds its caches:
+    the config's `layer_types` when it lists them; else Mistral: every layer; Qwen2: layers from
+    `max_window_layers` on, only with `use_sliding_window`; other model types: none."""
+    if _window(cfg.get("sliding_window")) is None or not isinstance(n_layers, int):
+        return ()
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) != n_layers:
+            raise ValueError(f"{where}: layer_types lists {len(types)} layers for {n_layers} hidden layers")
+        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if model_type == "mistral":
+        return tuple(range(n_layers))
+    if model_type == "qwen2" and cfg.get("use_sliding_window"):
+        return tuple(range(min(int(cfg.get("max_window_layers") or 0), n_layers), n_layers))
+    return ()
 
 
 def list_models() -> list[str]:

@@ -102,7 +102,7 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
     if cfg.trace is not None:
         kv = TraceKV(load_trace(cfg.trace), cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads)
     else:
-        kv = PolicyKV(cfg.policy, cfg.cache_ratio)
+        kv = PolicyKV(cfg.policy, cfg.cache_ratio, setup.model)
 
     longest = int((workload.prompt_tokens + workload.output_tokens - 1).max())  # the longest (re)prefill
     step_tokens = cfg.chunked_prefill or cfg.max_step_tokens or max(MIN_STEP_TOKENS, longest)

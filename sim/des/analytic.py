@@ -35,17 +35,20 @@ class AnalyticTimer:
 
 
 class PolicyKV:
-    """Cached tokens per KV head at each decode step from the policy's formula (sim.kvlen)."""
+    """Cached tokens per KV head at each decode step from the policy's formula (sim.kvlen); with `model`,
+    the mean over its layers (sliding-window layers hold at most their window)."""
 
-    def __init__(self, policy: str, cache_ratio: float):
+    def __init__(self, policy: str, cache_ratio: float, model=None):
         self.policy, self.cache_ratio = kvlen.check_policy(policy), cache_ratio
+        self.model = model
         self._cache: dict[tuple[int, int], np.ndarray] = {}
 
     def decode_kv(self, request: int, prompt: int, gen: int) -> np.ndarray:
         key = (prompt, gen)
         if key not in self._cache:
             steps = np.arange(max(gen - 1, 1), dtype=float)
-            self._cache[key] = np.asarray(kvlen.kv_tokens(self.policy, prompt, steps, self.cache_ratio), float)
+            self._cache[key] = np.asarray(kvlen.kv_tokens(self.policy, prompt, steps, self.cache_ratio,
+                                                          model=self.model), float)
         return self._cache[key]
 
 
