@@ -2,9 +2,12 @@
 
 Pure numpy. `evaluate(...)` takes arrays of design points (batch, beams, prompt, gen, cache ratio,
 recent ratio, dtypes) for one (device, model, policy, profile) and returns arrays of results; `predict`
-is that same path for one point plus the operator tables. Time per operator is
-    max(FLOPs / (peak * compute_eff(FLOPs)), bytes / (bw * bw_eff(bytes))) + launches * launch_overhead
-(eager profiles: launches * eager_call_overhead where the hardware file has it) and a step adds the device's host overhead. docs/sim.md has the formulas and assumptions.
+is that same path for one point plus the operator tables. Time per kernel (an operator plus those that
+run inside it) is
+    max(compute seconds, bytes / (bw * bw_eff(bytes))) + launches * launch_overhead
+where only GEMM-class operators pay the compute-efficiency ramp (sim.opcost has the one rule; eager
+profiles: launches * eager_call_overhead where the hardware file has it) and a step adds the device's
+host overhead. docs/sim.md has the formulas and assumptions.
 
 Array layout inside: (points, decode-step nodes, layer slots). Layer slots is 1 (all layers alike,
 each op counted n_layers times) or n_layers (a trace's per-layer KV lengths via `kv_override`).
@@ -22,6 +25,7 @@ import pandas as pd
 from hwmodels.dtypes import canonical_dtype, dtype_bytes
 from sim import kvlen
 from sim.models import ModelSpec, load_model
+from sim.opcost import kernel_hosts, op_costs, stream_flops
 from sim.ops import BYTE_FIELDS, FIELDS, SCORE_BYTES, Op, OpContext, dense_ops, forward_ops, group_ops
 from sim.profiles import CORE_OPS, PROFILES, Profile, get_profile
 
@@ -72,6 +76,9 @@ class Setup:
     # model's head width (Op.kv_stream); 1.0 on devices without the tables
     attn_scores_factor: float = 1.0
     attn_values_factor: float = 1.0
+    # FLOP/s of the streaming kernel GEMM-class ops may run as instead of a tiled GEMM (sim.opcost.
+    # stream_flops); 0.0: none (devices with a measured skinny-GEMM table)
+    stream_flops: float = 0.0
 
 
 _SETUP_CACHE: dict = {}
@@ -95,7 +102,7 @@ def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", p
                   host_s=float(hw_obj.host_overhead_s if prof.host_overhead_s is None else prof.host_overhead_s)
                   + prof.extra_host_overhead_s,
                   launch_s=launch_seconds(hw_obj, prof), switch_s=switch_seconds(hw_obj, prof),
-                  **_attn_factors(hw_obj, model_obj.head_dim))
+                  stream_flops=stream_flops(hw_obj), **_attn_factors(hw_obj, model_obj.head_dim))
     if len(_SETUP_CACHE) > 4096:
         _SETUP_CACHE.clear()
     _SETUP_CACHE[key] = (setup, hw, model)    # holding hw/model keeps their ids valid
@@ -164,40 +171,8 @@ class TimedOps:
     t_memory: np.ndarray
     time: np.ndarray      # per op, including launch overhead
     step_time: np.ndarray  # (*shape): sum over ops + host overhead
-
-
-def _compute_eff(hw, flops, peak):
-    """Compute efficiency of kernels of `flops` FLOPs running at `peak` FLOP/s.
-
-    A device whose curve names a reference dtype reads it at the same time-at-peak
-    (hwmodels Device.compute_equivalent_flops): an fp32 norm on an A100 is looked up as the
-    bf16 kernel that takes as long at peak, not as a 16x larger one. Devices without the
-    method (test doubles) use FLOPs as given."""
-    equiv = getattr(hw, "compute_equivalent_flops", None)
-    return hw.compute_efficiency(flops if equiv is None else np.maximum(equiv(flops, peak), 1.0))
-
-
-def _gemm_rows_limit(hw, ops, eff):
-    """Cap the compute efficiency of weight GEMMs at the device's skinny-GEMM fraction for their
-    token-row count (hwmodels Device.gemm_rows_efficiency; devices without that table: unchanged).
-
-    `eff` is (n_ops, *shape); an op's rows may be scalar or broadcast to the trailing shape."""
-    rows_eff = getattr(hw, "gemm_rows_efficiency", None)
-    rows = rows_eff is not None and getattr(hw, "gemm_rows_curve", None) is not None
-    own = any(op.compute_eff is not None or op.compute_scale is not None for op in ops)
-    if not rows and not own:
-        return eff
-    eff = np.array(eff, dtype=float, copy=True)
-    for i, op in enumerate(ops):
-        if rows and op.gemm and op.rows is not None:
-            limit = rows_eff(np.maximum(np.asarray(op.rows, dtype=float), 1.0))
-            eff[i] = np.minimum(eff[i], limit)
-        # an engine profile's kernel rates (Profile.adjust_ops): replace, then scale
-        if op.compute_eff is not None:
-            eff[i] = op.compute_eff
-        if op.compute_scale is not None:
-            eff[i] = eff[i] * op.compute_scale
-    return eff
+    # per op, the op whose kernel it runs inside (Op.fused_into; its seconds are on that op's row), or None
+    inside: list | None = None
 
 
 def _stream_factors(s: Setup, ops) -> list | None:
@@ -235,56 +210,46 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> Time
     """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
 
     `keep` names the FLOP/byte columns to return (sweeps skip the ones no output needs)."""
-    hw, n_layers = s.hw, s.model.n_layers
+    n_layers = s.model.n_layers
     flops = _stack([op.flops for op in ops])
     byte_parts = {f: _stack([getattr(op, f) for op in ops]) for f in BYTE_FIELDS}
     nbytes = sum(byte_parts[f] for f in BYTE_FIELDS)
     flops, nbytes = np.broadcast_arrays(flops, nbytes)
     extra = (1,) * (flops.ndim - 1)
-    gemm = np.array([op.gemm for op in ops]).reshape(-1, *extra)
-    peak = np.where(gemm, s.peak_gemm, s.peak_vector)      # peaks may be per-point arrays (mixed dtypes)
-    launches = np.array([op.launches for op in ops]).reshape(-1, *extra)
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
-    t_compute = flops / (peak * _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), peak)))
-    b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0))
     factors = _stream_factors(s, ops)
     if factors is not None:
         stacked = _stack(factors)
-        b_eff = b_eff * (stacked.reshape(-1, *extra) if stacked.ndim == 1 else stacked)
-    t_memory = nbytes / (hw.memory_bw * b_eff)
+        factors = stacked.reshape(-1, *extra) if stacked.ndim == 1 else stacked
+    t_compute, t_memory, t_kernel, launches = op_costs(s, ops, flops, nbytes, factors)
     costs = _launch_costs(s, ops)
     per_launch = s.launch_s if costs is None else np.array(costs).reshape(-1, *extra)
-    per_op = (np.maximum(t_compute, t_memory) + launches * per_launch) * mult
+    per_op = (t_kernel + launches * per_launch) * mult
     parts = {"flops": flops, **byte_parts}
     fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
     t_compute, t_memory = t_compute * mult, t_memory * mult
     if layer_slots > 1:   # collapse the layer axis: totals over the step
         per_op, t_compute, t_memory = per_op.sum(-1), t_compute.sum(-1), t_memory.sum(-1)
         fields = {f: v.sum(-1) for f, v in fields.items()}
-    return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s)
+    return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s,
+                    [op.fused_into for op in ops])
 
 
 def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
-    """time_ops(...).step_time for scalar ops: one call per efficiency curve, the rest in plain
-    Python floats (the DES hot path: numpy's per-call overhead dominates at a dozen elements)."""
-    hw = s.hw
-    flops = [float(op.flops) for op in ops]
-    nbytes = [float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops]
-    peaks = [s.peak_gemm if op.gemm else s.peak_vector for op in ops]
-    c_eff = _gemm_rows_limit(hw, ops, _compute_eff(hw, np.maximum(flops, 1.0), np.array(peaks, dtype=float))).tolist()
-    b_eff = hw.bw_efficiency(np.maximum(nbytes, 1.0)).tolist()
+    """time_ops(...).step_time for scalar ops, by the same rule (sim.opcost.op_costs) on 1-D arrays
+    (the DES hot path: one numpy pass over a dozen ops instead of the broadcasting machinery)."""
+    flops = np.array([float(op.flops) for op in ops])
+    nbytes = np.array([float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops])
     factors = _stream_factors(s, ops)
     if factors is not None:
-        b_eff = [be * float(f) for be, f in zip(b_eff, factors)]
-    costs = _launch_costs(s, ops) or [s.launch_s] * len(ops)
-    bw, n_layers = hw.memory_bw, s.model.n_layers
-    total = s.host_s if host else 0.0
-    for op, f, b, ce, be, launch in zip(ops, flops, nbytes, c_eff, b_eff, costs):
-        peak = s.peak_gemm if op.gemm else s.peak_vector
-        t = max(f / (peak * ce), b / (bw * be)) + op.launches * launch
-        total += t * n_layers if op.per_layer else t
-    return total
+        factors = np.array([float(f) for f in factors])
+    _tc, _tm, t_kernel, launches = op_costs(s, ops, flops, nbytes, factors)
+    costs = _launch_costs(s, ops)
+    n_layers = s.model.n_layers
+    mult = [n_layers if op.per_layer else 1.0 for op in ops]
+    total = float(np.dot(t_kernel + launches * (s.launch_s if costs is None else np.array(costs)), mult))
+    return total + (s.host_s if host else 0.0)
 
 
 _DENSE_MEMO: dict = {}
@@ -467,7 +432,7 @@ def _drop_layer_axis(t: TimedOps) -> TimedOps:
     if t.time.ndim != 4:
         return t
     return TimedOps(t.names, {f: v[..., 0] for f, v in t.fields.items()}, t.t_compute[..., 0], t.t_memory[..., 0],
-                    t.time[..., 0], t.step_time[..., 0])
+                    t.time[..., 0], t.step_time[..., 0], t.inside)
 
 
 def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False):
@@ -589,6 +554,8 @@ def _table(timed: TimedOps, index, weights=None) -> pd.DataFrame:
     df["intensity"] = np.where(total_bytes > 0, df["flops"] / total_bytes.where(total_bytes > 0, 1), np.inf)
     tc, tm = pick(timed.t_compute), pick(timed.t_memory)
     df["bound"] = np.where(tc >= tm, "compute", "memory")
+    if timed.inside is not None:     # an op inside another's kernel: its time and bound are on that row
+        df.loc[[host is not None for host in timed.inside], "bound"] = "fused"
     df["time_s"] = pick(timed.time)
     df = df.groupby("op", sort=False, as_index=False).agg(
         {**{f: "sum" for f in FIELDS}, "intensity": "first", "bound": "first", "time_s": "sum"})[TABLE_COLUMNS]

@@ -36,14 +36,21 @@ class Op:
     kv_read_bytes: Any = 0.0
     kv_write_bytes: Any = 0.0
     launches: float = 1.0
-    gemm: bool = False          # True: runs at the weight dtype's peak; else at the activation dtype's
+    gemm: bool = False          # True: a GEMM over the weights, at the weight dtype's peak; else at the activation dtype's
     rows: Any = None            # gemm: token rows multiplied by the weight (skinny-GEMM efficiency)
+    # a GEMM over activations (attention's batched q @ K^T and p @ V), at the activation dtype's peak.
+    # GEMM-class ops (gemm or matmul) get the compute-efficiency ramp; other ops run without one
+    # (docs/sim.md "Operator cost")
+    matmul: bool = False
     # "scores" (q @ K^T) or "values" (p @ V): streams the KV cache as a batched GEMV, which may run
     # below the weight-GEMV rate (hwmodels Device.attn_scores_factor / attn_values_factor)
     kv_stream: str | None = None
     # bytes of each tensor the op allocates anew (torch.cat / index_select / repeat_kv outputs in eager
     # code): filling fresh memory may run below the streaming rate (hwmodels Device.fresh_alloc_factor)
     fresh_tensor_bytes: Any = None
+    # name of the op whose kernel this one runs inside (the nearest earlier op of that name in the
+    # list): its FLOPs and bytes join that kernel's roofline, and its own row shows no time
+    fused_into: str | None = None
     # an engine profile's own rates (Profile.adjust_ops): compute_eff replaces the device's size curve
     # for this op (fraction of the op's peak, e.g. decode attention on CUDA cores), compute_scale and
     # bw_scale multiply the device's compute and streaming efficiencies; all in (0, 1], None = unchanged
@@ -133,19 +140,23 @@ def attention_ops(ctx: OpContext) -> list[Op]:
     score_elems = rows * h * q * keys_per_query
     # An eager stack writes the score matrix, softmax reads and rewrites it, attn x V reads it;
     # a fused (flash) kernel keeps it on chip.
+    # The flash kernel is one kernel: softmax and attn x V run inside attn_scores' kernel.
     mat = ab if ctx.profile.materialise_scores else 0.0
+    inside = None if ctx.profile.materialise_scores else "attn_scores"
     new_kv = rows * q * hkv * hd
     return [
         Op("kv_write", True, act_bytes=2 * new_kv * ab, kv_write_bytes=2 * new_kv * kvb,
            launches=_launch(ctx, "kv_write")),
         Op("attn_scores", True, flops=2 * score_elems * hd,
            act_bytes=rows * q * h * hd * ab + new_kv * ab + score_elems * mat,
-           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_scores"), kv_stream="scores"),
+           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_scores"), kv_stream="scores",
+           matmul=True),
         Op("softmax", True, flops=SOFTMAX_FLOPS * score_elems, act_bytes=2 * score_elems * mat,
-           launches=_launch(ctx, "softmax")),
+           launches=_launch(ctx, "softmax"), fused_into=inside),
         Op("attn_v", True, flops=2 * score_elems * hd,
            act_bytes=new_kv * ab + rows * q * h * hd * ab + score_elems * mat,
-           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_v"), kv_stream="values"),
+           kv_read_bytes=rows * hkv * past * hd * kvb, launches=_launch(ctx, "attn_v"), kv_stream="values",
+           matmul=True, fused_into=inside),
     ]
 
 
@@ -161,11 +172,19 @@ def policy_decode_ops(ctx: OpContext) -> list[Op]:
     elems = ctx.rows * m.n_heads * kept                    # one probability per query head and kept key
     state = ctx.rows * m.n_kv_heads * kept                 # accumulated scores live per KV head
     candidates = ctx.rows * m.n_kv_heads * (kept - (ctx.recent_ratio * ctx.past_tokens) // 1)
-    return [
+    if ctx.profile.score_in_attention:
+        # a by-product of the attention softmax: the kernel that holds each probability (keyformer: adds
+        # the noise and takes the second softmax on chip) read-modify-writes the accumulated score vector
+        update = Op("score_update", True, flops=SCORE_UPDATE_FLOPS[ctx.policy] * elems,
+                    act_bytes=2 * state * SCORE_BYTES, launches=0.0, fused_into="attn_scores")
+    else:
         # the attention kernel emits the probabilities (keyformer: the raw logits) once in fp32, the
         # score kernel reads them and read-modify-writes the accumulated score vector.
-        Op("score_update", True, flops=SCORE_UPDATE_FLOPS[ctx.policy] * elems,
-           act_bytes=2 * elems * SCORE_BYTES + 2 * state * SCORE_BYTES, launches=_launch(ctx, "score_update")),
+        update = Op("score_update", True, flops=SCORE_UPDATE_FLOPS[ctx.policy] * elems,
+                    act_bytes=2 * elems * SCORE_BYTES + 2 * state * SCORE_BYTES, launches=_launch(ctx, "score_update"))
+    return [
+        update,
+        # one small kernel per layer: the lowest accumulated score outside the recent window
         Op("select_evict", True, flops=candidates, act_bytes=candidates * SCORE_BYTES,
            launches=_launch(ctx, "select_evict")),
     ]
@@ -182,9 +201,11 @@ def policy_prefill_ops(ctx: OpContext) -> list[Op]:
     score_elems = rows * h * q * (past + (q + 1) * 0.5)
     # A flash kernel does not keep the probabilities: recompute the logits (2*hd FLOPs each) and
     # column-sum the (noisy) softmax into one score per kept token and KV head.
+    # (The column sums need each row's softmax normaliser, known only once the row is done: a second
+    # pass, also under the fused profile; it recomputes q @ K^T, so it is GEMM-class.)
     ops = [Op("score_update", True, flops=score_elems * (2 * hd + SOFTMAX_FLOPS + SCORE_UPDATE_FLOPS[ctx.policy]),
               act_bytes=rows * q * (h + hkv) * hd * ab + rows * hkv * n * SCORE_BYTES,
-              launches=_launch(ctx, "score_update"))]
+              launches=_launch(ctx, "score_update"), matmul=True)]
     if not ctx.completes_prompt:
         return ops
     k = np.maximum(np.floor(ctx.cache_ratio * n), 1.0)

@@ -46,6 +46,9 @@ class Profile:
     host_overhead_s: float | None = None
     launch_overhead_s: float | None = None
     adjust_ops: Callable | None = None
+    # decode: the attention kernel accumulates the H2O/Keyformer scores from its own softmax (no pass of
+    # its own over the probabilities; sim.ops.policy_decode_ops)
+    score_in_attention: bool = False
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -98,9 +101,11 @@ def _load_plugins():
 register_profile(Profile(
     name="fused",
     description="ideal fused kernels (vLLM/TensorRT-LLM class): one flash-attention kernel per layer "
-                "(scores, softmax and attn x V on chip), fused gate+up MLP, logits for the last token only, "
+                "(scores, softmax and attn x V on chip; in decode it also accumulates the H2O/Keyformer scores), "
+                "one selection kernel per layer, fused gate+up MLP, logits for the last token only, "
                 "prefill activations bounded by 8192-token chunks",
     launches={"embed": 1, "norms": 2, "qkv_proj": 1, "kv_write": 1, "attn_scores": 1, "softmax": 0, "attn_v": 0,
               "out_proj": 1, "mlp": 2, "final_norm": 1, "lm_head": 1, "score_update": 1, "select_evict": 1,
               "select_topk": 1, "compact": 1},
+    score_in_attention=True,
 ))

@@ -42,7 +42,11 @@ def test_operator_tables_have_every_op_and_column(device):
     assert core | {"score_update", "select_topk", "compact"} <= set(p.prefill_ops["op"])
     assert core | {"score_update", "select_evict"} <= set(p.decode_ops["op"])
     assert set(p.decode_ops["step"]) == {"first", "mean", "last"}
-    assert set(p.decode_ops["bound"]) <= {"compute", "memory"}
+    assert set(p.decode_ops["bound"]) <= {"compute", "memory", "fused"}
+    # the flash kernel: softmax, attn x V and (decode) the score update run inside attn_scores' kernel
+    dec = p.decode_ops.query("step == 'mean'").set_index("op")
+    assert set(dec.index[dec["bound"] == "fused"]) == {"softmax", "attn_v", "score_update"}
+    assert (dec.loc[["softmax", "attn_v", "score_update"], "time_s"] == 0).all()
     # the table adds up to the step: ops + host overhead
     mean = p.decode_ops[p.decode_ops["step"] == "mean"]
     assert mean["time_s"].sum() + device.host_overhead_s == pytest.approx(p.tpot_s, rel=1e-9)

@@ -1,0 +1,153 @@
+"""The cost of one operator table: the engine's single rule, used by the vectorised request path
+(sim.engine.time_ops) and by the DES's scalar step time (sim.engine.step_time_scalar) alike.
+
+Per kernel (an op, plus the ops that run inside it: Op.fused_into)
+
+    time = max(sum of its ops' compute times, its bytes / (bw * bw_eff(kernel bytes) * stream factors))
+           + launches * seconds per launch
+
+and an op's compute time is
+
+  - GEMM-class (Op.gemm: weights; Op.matmul: attention's batched GEMMs): the faster of the two kernels
+    a library picks by shape: a tiled GEMM, FLOPs / (peak * compute_eff(FLOPs)) capped by the device's
+    skinny-GEMM table where it has one, and a streaming (GEMV-style, untiled) kernel on the device's
+    non-matrix units, FLOPs / (fp32 peak * the compute plateau), which pays no ramp. Devices with a
+    measured skinny-GEMM table have no separate streaming kernel: the table already is what the
+    library reaches at each row count, whichever kernel it runs.
+  - any other op (norms, softmax, score updates, selection, copies): FLOPs / peak, no ramp.
+
+So every op below the ridge point (FLOPs per byte under peak / bw; for GEMM-class ops on devices with a
+streaming kernel, under the streaming rate / bw) is bandwidth-bound, a tiny op costs its launches plus
+its bytes at the small-transfer bandwidth (bw_eff of its size), and compute never depends on the memory
+bandwidth, so more bandwidth is never slower. docs/sim.md "Operator cost" has the reasoning and sources.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+STREAM_DTYPE = "fp32"      # the non-matrix (CUDA-core / vector-unit) rate in a device file
+
+
+def compute_efficiency(hw, flops, peak):
+    """Compute efficiency of kernels of `flops` FLOPs running at `peak` FLOP/s.
+
+    A device whose curve names a reference dtype reads it at the same time-at-peak
+    (hwmodels Device.compute_equivalent_flops): an fp32 GEMM on an A100 is looked up as the
+    bf16 kernel that takes as long at peak, not as a 16x larger one. Devices without the
+    method (test doubles) use FLOPs as given."""
+    equiv = getattr(hw, "compute_equivalent_flops", None)
+    return hw.compute_efficiency(flops if equiv is None else np.maximum(equiv(flops, peak), 1.0))
+
+
+def stream_flops(hw) -> float:
+    """FLOP/s of the streaming kernel a GEMM-class op may run as instead of a tiled GEMM: the device's
+    fp32 (non-matrix) peak at its compute plateau (the efficiency of an arbitrarily large kernel). 0.0
+    (no such alternative) on devices with a measured skinny-GEMM table (gemm_rows_efficiency)."""
+    if getattr(hw, "gemm_rows_curve", None) is not None or not hasattr(hw, "compute_efficiency"):
+        return 0.0          # (or a stand-in device that only sizes memory)
+    peak = float(hw.peak_flops(STREAM_DTYPE))
+    plateau = float(np.asarray(compute_efficiency(hw, np.array([1e30]), peak)).ravel()[0])
+    return peak * plateau
+
+
+def gemm_rows_limit(hw, ops, eff):
+    """Cap the compute efficiency of weight GEMMs at the device's skinny-GEMM fraction for their
+    token-row count (hwmodels Device.gemm_rows_efficiency; devices without that table: unchanged).
+
+    `eff` is (n_ops, *shape); an op's rows may be scalar or broadcast to the trailing shape."""
+    rows_eff = getattr(hw, "gemm_rows_efficiency", None)
+    if rows_eff is None or getattr(hw, "gemm_rows_curve", None) is None:
+        return eff
+    eff = np.array(eff, dtype=float, copy=True)
+    for i, op in enumerate(ops):
+        if op.gemm and op.rows is not None:
+            limit = rows_eff(np.maximum(np.asarray(op.rows, dtype=float), 1.0))
+            eff[i] = np.minimum(eff[i], limit)
+    return eff
+
+
+def _own_rates(ops, t_compute, flops, peak):
+    """An engine profile's kernel rates (Profile.adjust_ops): Op.compute_eff replaces the op's compute
+    efficiency (a fraction of its peak, whatever kernel the device would pick), Op.compute_scale
+    multiplies it (slower compute: the time is divided by the scale)."""
+    if not any(op.compute_eff is not None or op.compute_scale is not None for op in ops):
+        return t_compute
+    t_compute = np.array(t_compute, dtype=float, copy=True)
+    peak = np.broadcast_to(peak, t_compute.shape)
+    for i, op in enumerate(ops):
+        if op.compute_eff is not None:
+            t_compute[i] = flops[i] / (peak[i] * op.compute_eff)
+        if op.compute_scale is not None:
+            t_compute[i] = t_compute[i] / op.compute_scale
+    return t_compute
+
+
+def kernel_hosts(ops) -> list | None:
+    """Per op, the index of the op whose kernel it runs in (itself when not fused); None when no op of
+    the list is fused. A fused op's host is the nearest earlier op of the named kind."""
+    if not any(op.fused_into for op in ops):
+        return None
+    last, hosts = {}, []
+    for i, op in enumerate(ops):
+        host = i
+        if op.fused_into:
+            host = last.get(op.fused_into)
+            if host is None:
+                raise ValueError(f"op {op.name} runs inside {op.fused_into}, which no earlier op is")
+            if ops[host].per_layer != op.per_layer:
+                raise ValueError(f"op {op.name} and its kernel {op.fused_into} must both be per layer or not")
+        last[op.name] = i
+        hosts.append(host)
+    return hosts
+
+
+def _group_sum(values, hosts):
+    """Per kernel sums at the host rows (zero at the fused rows)."""
+    out = np.array(values, dtype=float, copy=True)
+    for i, h in enumerate(hosts):
+        if h != i:
+            out[h] = out[h] + out[i]
+            out[i] = 0.0
+    return out
+
+
+def _spread(values, hosts):
+    """The host row's value at every row of its kernel."""
+    out = np.array(values, dtype=float, copy=True)
+    for i, h in enumerate(hosts):
+        if h != i:
+            out[i] = out[h]
+    return out
+
+
+def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
+    """Compute, memory and total seconds per op occurrence, each (n_ops, *shape), launches excluded
+    from the first two and included in the third; fused ops' compute and memory seconds are moved to
+    their kernel's row (so sums over ops are unchanged) and their total is 0.
+
+    `s` is a sim.engine.Setup (peaks may be per-point arrays); `flops` and `nbytes` are per occurrence;
+    `factors` the per-op streaming factors (sim.engine._stream_factors, None when all 1); `hosts`
+    kernel_hosts(ops), passed when the caller has it."""
+    hw = s.hw
+    extra = (1,) * (np.ndim(flops) - 1)
+    gemm = np.array([op.gemm for op in ops]).reshape(-1, *extra)
+    gemm_class = np.array([op.gemm or op.matmul for op in ops]).reshape(-1, *extra)
+    peak = np.where(gemm, s.peak_gemm, s.peak_vector)     # peaks may be per-point arrays (mixed dtypes)
+    t_compute = flops / peak                                # no ramp: every op that is not a GEMM
+    if gemm_class.any():
+        tiled = flops / (peak * gemm_rows_limit(hw, ops, compute_efficiency(hw, np.maximum(flops, 1.0), peak)))
+        if s.stream_flops > 0:
+            tiled = np.minimum(tiled, flops / s.stream_flops)
+        t_compute = np.where(gemm_class, tiled, t_compute)
+    t_compute = _own_rates(ops, t_compute, flops, peak)
+    if hosts is None:
+        hosts = kernel_hosts(ops)
+    kernel_bytes = nbytes if hosts is None else _spread(_group_sum(nbytes, hosts), hosts)
+    b_eff = hw.bw_efficiency(np.maximum(kernel_bytes, 1.0))
+    if factors is not None:
+        b_eff = b_eff * factors
+    t_memory = nbytes / (hw.memory_bw * b_eff)
+    launches = np.array([op.launches for op in ops], dtype=float).reshape(-1, *extra)
+    if hosts is not None:
+        t_compute, t_memory = _group_sum(t_compute, hosts), _group_sum(t_memory, hosts)
+    return t_compute, t_memory, np.maximum(t_compute, t_memory), launches
