@@ -162,6 +162,26 @@ def check_supported(model) -> None:
         raise ValueError(f"{config.model_type}: attention does not go through transformers' AttentionInterface")
 
 
+def position_scheme(config) -> str:
+    """How the architecture encodes positions: "alibi" (MPT), "learned" (absolute embeddings added to the
+    input: GPT-2, OPT) or "rope" (rotary, applied to each cached key at the position it was computed with)."""
+    if config.model_type == "mpt" or getattr(config, "alibi", False):
+        return "alibi"
+    if config.model_type in ("gpt2", "opt", "gpt_bigcode", "biogpt"):
+        return "learned"
+    return "rope"
+
+
+def check_positions(policy, model) -> None:
+    """Renumbered positions give the query position k while RoPE keys keep the rotation of their original
+    position: the relative offsets the model sees would be neither the original nor the in-cache ones.
+    StreamingLLM re-rotates the cached keys instead; this implementation does not, so it refuses."""
+    if policy.position_mode == "renumber" and policy.evicts and position_scheme(model.config) == "rope":
+        raise ValueError(f"position_mode='renumber' is not supported on {model.config.model_type} (RoPE): the "
+                         "cached keys keep their original rotations, so only the query would move; use "
+                         "position_mode='original' (ALiBi and learned-position models support 'renumber')")
+
+
 def install_slot_layers(policy, cache, n_layers: int) -> None:
     """Turn an empty transformers cache into the policy's slot cache (same object: generate keeps it)."""
     if type(cache) not in (compat.DynamicCache, compat.Cache):
@@ -203,7 +223,7 @@ def _before_forward(policy, n_layers: int, cache_name: str, takes_positions: boo
             mask = torch.ones(batch, q_len, dtype=torch.long, device=inputs.device)
         if mask.dim() != 2 or mask.shape[1] != q_len:
             raise ValueError("the prompt needs a 2-D attention mask covering exactly the prompt tokens")
-        position_ids = policy.start_prompt(mask)
+        position_ids = policy.start_prompt(mask, inputs)
     if takes_positions:
         kwargs["position_ids"] = position_ids.to(inputs.device)
     compat.set_cache(kwargs, cache, cache_name)
@@ -237,6 +257,7 @@ def apply_policy(policy, model):
     if policy._applied_to is not None:
         raise ValueError("this policy is already applied to a model")
     check_supported(model)
+    check_positions(policy, model)
     if model.training:
         raise ValueError("KV policies are for inference: call model.eval() first (attention dropout is not applied)")
     modules = attention_modules(model)

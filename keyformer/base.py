@@ -12,8 +12,9 @@ Conventions (the paper's §3, shared/docs/keyformer-paper.md §1, and sim/kvlen.
 - step numbering seen by observers: -1 = prefill, s >= 0 = decode step s.
 - positions: "original" (default; the paper's Table 3 winner) feeds every token its original position id
   and, for MPT, gathers ALiBi at the kept tokens' original positions. "renumber" gives the incoming token
-  position k (the number of tokens held), StreamingLLM's query-side shift; cached keys keep the position
-  they were computed with (RoPE keys are not re-rotated), and MPT's ALiBi uses ranks among the held tokens.
+  position k (the number of tokens held), StreamingLLM's query-side shift, and MPT's ALiBi uses ranks among
+  the held tokens. It is refused on RoPE models (attention.check_positions): their cached keys keep the
+  rotation of their original position, and re-rotating them (StreamingLLM's scheme) is not implemented.
 - GQA: scores of the query heads of one KV group are summed (`gqa_reduce="sum"`, the paper's own rule of
   summing over query rows extended to the group; "mean" ranks identically and is offered for clarity).
 """
@@ -150,9 +151,14 @@ class Policy:
         return self.layers[layer]
 
     # ---- per-sequence state (set by the forward pre-hook in attention.py) ---------------------------
-    def start_prompt(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Budgets and original positions for a new batch of prompts; returns the position ids to feed."""
+    def start_prompt(self, attention_mask: torch.Tensor, inputs: torch.Tensor | None = None) -> torch.Tensor:
+        """Budgets and original positions for a new batch of prompts; returns the position ids to feed.
+
+        `inputs` (token ids or embeddings) lets rows that are the same prompt (the beams of one input, which
+        transformers expands before the prompt's forward) share prompt-time randomness: `prompt_groups[b]` is
+        the first row identical to row b."""
         valid = attention_mask.bool()
+        self.prompt_groups = _identical_rows(inputs, attention_mask) if inputs is not None else None
         self.prompt_lengths = valid.sum(-1)  # real, unpadded lengths
         if int(self.prompt_lengths.min()) < 1:
             raise ValueError("every sequence needs at least one real (unpadded) prompt token")
@@ -190,6 +196,7 @@ class Policy:
         return self.current_position.view(batch, 1, 1).expand(batch, heads, 1)
 
     def _reorder_sequences(self, beam_idx: torch.Tensor) -> None:
+        self.prompt_groups = None  # after the prompt, beams are separate sequences
         for name in ("prompt_lengths", "budget", "recent", "next_position", "current_position", "_window_floor"):
             tensor = getattr(self, name, None)
             if tensor is not None:
@@ -215,6 +222,7 @@ class Policy:
                 if layer.in_prefill:  # padded query rows attend to nothing real: they must not vote
                     increment = increment * self.query_valid[:, None, None, :, None]
                 increment = _reduce_queries(increment, self.gqa_reduce)
+                _check_finite(increment, self, layer.layer_idx)
             if layer.in_prefill:
                 self._select_prompt(layer, increment)
             else:
@@ -254,6 +262,28 @@ class Policy:
             protected |= pos < 0  # sequences with a smaller budget than the batch maximum
         ranking = torch.where(protected, math.inf, self.priority(pos, layer.scores))  # one pass
         layer.evict(ranking.min(dim=-1).indices)  # min().indices: about twice as fast as argmin on CPU
+
+
+def _identical_rows(inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """(B,) index of the first row equal to each row (same inputs and mask); None when all rows differ."""
+    batch = inputs.shape[0]
+    if batch == 1:
+        return None
+    rows = torch.cat([inputs.reshape(batch, -1).float(), mask.reshape(batch, -1).float()], dim=1)
+    same = (rows.unsqueeze(1) == rows.unsqueeze(0)).all(-1)  # (B, B)
+    first = same.float().argmax(dim=1)  # the lowest index equal to each row
+    if bool((first == torch.arange(batch, device=first.device)).all()):
+        return None
+    return first
+
+
+def _check_finite(increment: torch.Tensor, policy, layer_idx: int) -> None:
+    """A NaN or inf score would rank first in top-k and make selection arbitrary (the recent window could be
+    dropped silently): refuse it. One reduction over (B, H_kv, S) per layer."""
+    if not bool(torch.isfinite(increment).all()):
+        bad = int((~torch.isfinite(increment)).sum())
+        raise FloatingPointError(f"{policy.name}: {bad} non-finite score(s) at layer {layer_idx}, step {policy.step}"
+                                 " (the model's attention logits or the policy's noise overflowed)")
 
 
 def _reduce_queries(increment: torch.Tensor, gqa_reduce: str) -> torch.Tensor:

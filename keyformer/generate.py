@@ -79,8 +79,15 @@ def _greedy(state: DecodeState, logits: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def prefill(model, policy, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> DecodeState:
-    """Run the prompt with full attention, let the policy keep its budget, pick the first token greedily."""
+def prefill(model, policy, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+            record: "PrefillRecord | None" = None) -> DecodeState:
+    """Run the prompt with full attention, let the policy keep its budget, pick the first token greedily.
+
+    With `record` (from `record_prefill` on the same input) the model's prompt forward is not run again: the
+    policy scores and selects from the recorded logits, exactly as it would have during the forward, and
+    `prefill_s` is the recorded forward's time."""
+    if record is not None and not torch.equal(record.input_ids, input_ids):
+        raise ValueError("the prefill record was made for another input")
     context = _ensure_applied(model, policy)
     cache_name = compat.cache_kwarg_name(model)
     cache = compat.DynamicCache()
@@ -88,16 +95,70 @@ def prefill(model, policy, input_ids: torch.Tensor, attention_mask: torch.Tensor
     _synchronize(device)
     start = time.perf_counter()
     try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **{cache_name: cache})
+        if record is not None:
+            cache, last_logits = _replay_prefill(model, policy, record)
+        else:
+            out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **{cache_name: cache})
+            last_logits = out.logits[:, -1]
     except BaseException:
         if context is not None:
             context.close()
         raise
     _synchronize(device)
-    state = DecodeState(model, policy, cache, logits=out.logits[:, -1], next_token=input_ids[:, -1:],
-                        prefill_s=time.perf_counter() - start, cache_name=cache_name, _context=context)
-    _greedy(state, out.logits[:, -1])
+    wall = record.wall_s if record is not None else time.perf_counter() - start
+    state = DecodeState(model, policy, cache, logits=last_logits, next_token=input_ids[:, -1:],
+                        prefill_s=wall, cache_name=cache_name, _context=context)
+    _greedy(state, last_logits)
     return state
+
+
+@dataclass
+class PrefillRecord:
+    """A prompt's full-attention forward, kept so that many policies can start from it without running the
+    model again: per layer the cached K/V and the fp32 attention logits (probabilities are recomputed from
+    them by the same softmax), plus the logits of the last prompt position. The prompt phase is the same
+    computation for every policy (full attention over the n prompt tokens); only the selection differs."""
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    keys: list
+    values: list
+    logits: list  # layer -> (B, H_kv, G, n, n) fp32
+    last_logits: torch.Tensor  # (B, vocab)
+    wall_s: float
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for group in (self.keys, self.values, self.logits) for t in group)
+
+
+@torch.no_grad()
+def record_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> PrefillRecord:
+    """Run the prompt once under the full policy and keep what `prefill(..., record=)` replays."""
+    from keyformer.full import FullPolicy
+
+    recorded: dict[int, tuple] = {}
+
+    class Recording(FullPolicy):
+        def observe_attention(self, layer, logits, probs):
+            recorded[layer.layer_idx] = (layer.keys, layer.values, logits)
+            super().observe_attention(layer, logits, probs)
+
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    with prefill(model, Recording(), input_ids, attention_mask) as state:
+        layers = [recorded[i] for i in range(len(recorded))]
+        return PrefillRecord(input_ids, attention_mask, [k for k, _, _ in layers], [v for _, v, _ in layers],
+                             [g for _, _, g in layers], state.logits.clone(), state.prefill_s)
+
+
+def _replay_prefill(model, policy, record: PrefillRecord) -> tuple:
+    """The policy's prompt phase from a record: the same calls, in the same layer order, as a forward."""
+    cache = compat.DynamicCache()
+    install_slot_layers(policy, cache, len(record.keys))
+    policy.start_prompt(record.attention_mask, record.input_ids)
+    for layer, keys, values, logits in zip(cache.layers, record.keys, record.values, record.logits):
+        layer.update(keys, values)
+        policy.observe_attention(layer, logits, torch.softmax(logits, dim=-1))
+    return cache, record.last_logits
 
 
 @torch.no_grad()

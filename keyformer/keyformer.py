@@ -16,7 +16,11 @@ NOISES = ("gumbel", "gaussian", "constant", "none")
 # The ablation's (paper §4.4.3, Table 4) moments of the standard Gumbel: Euler's gamma and pi/sqrt(6).
 GUMBEL_MEAN = 0.5772
 GUMBEL_STD = 1.2825
-LOG_2_POW_24 = 24 * math.log(2.0)
+# Uniform draws come as 23-bit integers v: u = (v + 1/2) / 2^23 lies strictly inside (0, 1) and both u and
+# 1 - u = (2^23 - 1/2 - v) / 2^23 are exact in fp32 (at most 24 significant bits).
+UNIFORM_BITS = 23
+UNIFORM_TOP = float((1 << UNIFORM_BITS) - 0.5)  # 2^23 - 1/2, exact in fp32
+UNIFORM_SCALE = 2.0 ** -UNIFORM_BITS
 NOISE_POOL_MAX = 1 << 19  # elements (2 MiB of fp32): above this, noise is drawn per layer
 
 
@@ -72,6 +76,13 @@ class KeyformerPolicy(Policy):
         the prompt draw layer by layer, so the transform's passes stay in cache."""
         if self._generator is None or self._generator.device != like.device:
             self._generator = torch.Generator(device=like.device).manual_seed(self.seed)
+        if like.shape[3] > 1 and getattr(self, "prompt_groups", None) is not None:
+            # The beams of one input see the same prompt noise, so they start from the same key set.
+            unique = torch.unique(self.prompt_groups)
+            drawn = self._draw((len(unique),) + tuple(like.shape[1:]), like, tau)
+            slot = torch.empty(len(self.prompt_groups), dtype=torch.long, device=unique.device)
+            slot[unique] = torch.arange(len(unique), device=unique.device)
+            return drawn.index_select(0, slot[self.prompt_groups].to(drawn.device))
         if like.shape[3] > 1 or like.numel() * len(self.layers) > NOISE_POOL_MAX:
             return self._draw(like.shape, like, tau)
         if self._pool_step != self.step or self._pool.shape[1:] != like.shape:
@@ -86,18 +97,21 @@ class KeyformerPolicy(Policy):
         if self.noise == "gaussian":
             noise = torch.randn(count, generator=self._generator, device=like.device, dtype=like.dtype)
             return noise.mul_(GUMBEL_STD / tau).add_(GUMBEL_MEAN / tau).view(shape)
-        # Gumbel(0, 1) = -log(-log u) with u = v / 2^24, v a uniform 24-bit integer: -log u = 24 ln 2 - log v
-        # (one pass fewer than scaling v first). v = 0 (probability 2^-24) gives zeta = -inf: that token's
-        # noisy logit is -inf, an extreme but valid draw that only zeroes its share of this step's score.
-        minus_log_u = torch.sub(LOG_2_POW_24, self._uniform_bits(count, like).log_())
-        return minus_log_u.log_().mul_(-1.0 / tau).view(shape)
+        # Gumbel(0, 1) = -log(E), E = -log u ~ Exp(1). E is computed as -log1p(-(1 - u)) from the exact
+        # 1 - u, so it is never 0 (u = 1 - 2^-24 gives E = 6e-8, not a cancellation to 0) and never inf: the
+        # draws span about [-2.8, 16.6], all finite. Drawn in fp32 whatever the logits' dtype (2^23 overflows
+        # fp16), then cast.
+        exponential = self._one_minus_uniform(count, like.device).mul_(-1.0).log1p_().mul_(-1.0)
+        return exponential.log_().mul_(-1.0 / tau).view(shape).to(like.dtype)
 
-    def _uniform_bits(self, count: int, like: torch.Tensor) -> torch.Tensor:
-        """Uniform integers in [0, 2^24) as floats (torch.rand's float32 has 24 random bits too), at about half
-        its cost on CPU: each 64-bit draw of the generator (uniform on [0, 2^63)) gives two 32-bit halves,
-        whose low 24 bits are independent and uniform."""
-        bits = torch.empty((count + 1) // 2, dtype=torch.int64, device=like.device).random_(generator=self._generator)
-        return (bits.view(torch.int32)[:count] & 0xFFFFFF).to(like.dtype)
+    def _one_minus_uniform(self, count: int, device) -> torch.Tensor:
+        """1 - u for u uniform on the 2^23 midpoints (v + 1/2) / 2^23, v = 0 .. 2^23 - 1: strictly inside (0, 1).
+
+        The bits come at about half torch.rand's cost on CPU: each 64-bit draw of the generator (uniform on
+        [0, 2^63)) gives two 32-bit halves, whose low 23 bits are independent and uniform."""
+        bits = torch.empty((count + 1) // 2, dtype=torch.int64, device=device).random_(generator=self._generator)
+        v = (bits.view(torch.int32)[:count] & ((1 << UNIFORM_BITS) - 1)).to(torch.float32)
+        return torch.sub(UNIFORM_TOP, v).mul_(UNIFORM_SCALE)
 
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
         return scores

@@ -13,8 +13,8 @@ Names (see also `DATASETS`):
 - `long-text`: consecutive chunks of Alice's Adventures in Wonderland (public domain), teacher-forced:
   the first half of each chunk is the prompt, the second half is forced, for perplexity and top-1
   agreement. `long-text:NAME` picks another file from long_text/ (e.g. `long-text:sotu_speeches`).
-- `tinystories`: the 5 TinyStories stories, each cut at several points (prompt = the story so far,
-  reference = the rest), to get a few dozen continuation samples for stories260K.
+- `tinystories`: the 5 TinyStories stories of the assets, each cut at 40 points (prompt = the story so far,
+  reference = the rest): 200 continuation samples for stories260K, in 5 clusters (one per story).
 - `jsonl:PATH`: your own file, one JSON object per line with `text` (or `document`) and optional
   `reference`, `instruction`, `id`.
 """
@@ -153,10 +153,12 @@ def _tinystories() -> list[Sample]:
     out = []
     for i, story in enumerate(stories):
         words = story.split(" ")
-        # Cut after 40%, 50%, ... 80% of the words: the model continues the story from there.
-        for pct in (40, 50, 60, 70, 80):
-            cut = max(1, len(words) * pct // 100)
-            out.append(Sample(f"tinystories-{i}-{pct}", " ".join(words[:cut]), "", " ".join(words[cut:])))
+        # 40 cuts per story, after 30.0%, 31.5%, ... 88.5% of the words: the model continues from there. The
+        # assets hold 5 stories, so the 200 samples are 5 clusters of overlapping prompts: quality.py
+        # bootstraps them by story (TINYSTORIES_CLUSTER), not as 200 independent samples.
+        for permille in range(300, 900, 15):
+            cut = max(1, len(words) * permille // 1000)
+            out.append(Sample(f"tinystories-{i}-{permille}", " ".join(words[:cut]), "", " ".join(words[cut:])))
     return out
 
 

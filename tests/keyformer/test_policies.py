@@ -296,3 +296,56 @@ def test_noise_has_the_ablation_moments(noise):
     assert abs(zeta.std().item() - (0.0 if noise == "constant" else 1.2825)) < 0.01
     if noise == "gumbel":  # the Gumbel tail: P(zeta > 3) = 1 - exp(-exp(-3)) = 0.0486
         assert abs((zeta > 3).float().mean().item() - 0.0486) < 0.002
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "gptj"])
+def test_renumbered_positions_are_refused_on_rope_models(arch):
+    model = build(arch)
+    with pytest.raises(ValueError, match="RoPE"):
+        with make_policy("streaming", cache_ratio=0.5, position_mode="renumber").apply(model):
+            pass
+    with make_policy("full", position_mode="renumber").apply(model):  # nothing evicted: nothing moves
+        pass
+
+
+def test_beams_of_one_input_share_the_prompt_noise():
+    """transformers expands an input to its beams before the prompt's forward: with independent noise per
+    row the identical beams would start from different key sets; they must start from the same one."""
+    model = build("llama_gqa")
+    policy = make_policy("keyformer", cache_ratio=0.4, seed=3)
+    at_prompt = {}
+    policy.add_observer(lambda e: at_prompt.setdefault(e.layer, e.kept_positions.clone()) if e.step == -1 else None)
+    with policy.apply(model):
+        model.generate(prompt(length=40, seed=9), max_new_tokens=4, num_beams=4, do_sample=False)
+    for kept in at_prompt.values():
+        assert kept.shape[0] == 4 and all(torch.equal(kept[0], kept[b]) for b in range(1, 4))
+    # different inputs in one batch still draw their own noise (selection stays per sequence)
+    two = make_policy("keyformer", cache_ratio=0.4, seed=3, max_new_tokens=4)
+    ids = torch.cat([prompt(length=40, seed=9), prompt(length=40, seed=9), prompt(length=40, seed=10)])
+    with prefill(model, two, ids):
+        kept = two.kept_positions(0)
+        assert torch.equal(kept[0], kept[1])
+        assert two.prompt_groups.tolist() == [0, 0, 2]
+
+
+def test_replayed_prefill_equals_the_forward(case):
+    """prefill(..., record=) starts a policy from a recorded full-attention prompt forward: same kept tokens,
+    same scores and the same greedy continuation as running the prompt under the policy."""
+    from keyformer.generate import record_prefill
+
+    name, arch, model = case
+    ids = prompt(seed=11)
+    record = record_prefill(model, ids)
+    runs = []
+    for rec in (None, record):
+        policy = policy_for(name, **ratio_params(name, 0.5))
+        with prefill(model, policy, ids, record=rec) as state:
+            decode_n_tokens(state, STEPS)
+            runs.append(([policy.kept_positions(i).clone() for i in range(len(policy.layers))],
+                         [layer.scores.clone() for layer in policy.layers], state.tokens.clone()))
+    (kept_a, scores_a, tokens_a), (kept_b, scores_b, tokens_b) = runs
+    assert torch.equal(tokens_a, tokens_b)
+    assert all(torch.equal(a, b) for a, b in zip(kept_a, kept_b))
+    assert all(torch.allclose(a, b) for a, b in zip(scores_a, scores_b))
+    with pytest.raises(ValueError, match="another input"):
+        prefill(model, policy_for(name, **ratio_params(name, 0.5)), prompt(seed=12), record=record)

@@ -143,3 +143,29 @@ def test_teacher_forced_capture_feeds_the_reference(tiny_dataset, tmp_path):
     for tokens in trace.texts["tokens"]:
         assert list(tokens) == reference_ids
     assert json.loads((out / "manifest.json").read_text())["capture"]["mode"] == "teacher_forced"
+
+
+def test_batched_summary_capture_equals_the_per_sample_detailed_one(tmp_path, tiny_trace_dir, tiny_dataset):
+    """Left-padded batches decode like single samples (noise-free policies; Keyformer's noise is drawn per
+    batch), and the summary rows are the detailed rows' means over layers and heads."""
+    from traces.capture import run_capture
+
+    out = run_capture(tiny_config(tmp_path / "batched", tiny_dataset, batch_size=2, detail="summary"))
+    batched, single = traces.load(out), traces.load(tiny_trace_dir)
+    assert batched.manifest["detail"] == "summary" and len(batched.kept) == 0
+    assert set(batched.kv["layer"]) == {-1} and set(batched.kv["head"]) == {-1}
+    noise_free = [p for p in single.texts["policy"].unique() if p != "keyformer"]
+    key = ["sample", "policy", "cache_ratio"]
+    a = single.texts[single.texts["policy"].isin(noise_free)].set_index(key)["tokens"].map(tuple)
+    b = batched.texts[batched.texts["policy"].isin(noise_free)].set_index(key)["tokens"].map(tuple)
+    assert a.sort_index().equals(b.sort_index())
+    means = single.kv.groupby(key + ["step"])["mass_retained"].mean()
+    summary = batched.kv.set_index(key + ["step"])["mass_retained"]
+    joined = summary.to_frame("summary").join(means.rename("detail"), how="inner")
+    joined = joined[joined.index.get_level_values("policy").isin(noise_free)]
+    assert len(joined) > 0 and np.allclose(joined["summary"], joined["detail"], atol=2e-4)
+    steps_a = single.steps.set_index(key + ["step"])["nll"]
+    steps_b = batched.steps.set_index(key + ["step"])["nll"]
+    both = steps_a.to_frame("a").join(steps_b.rename("b"), how="inner")
+    both = both[both.index.get_level_values("policy").isin(noise_free)]
+    assert np.allclose(both["a"], both["b"], atol=1e-3)

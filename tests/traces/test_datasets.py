@@ -29,7 +29,7 @@ def test_order_is_seeded_and_xsum_strips_the_helm_wrapper():
     assert [s.id for s in load_samples("xsum", 5, seed=1)] != [s.id for s in load_samples("xsum", 5, seed=2)]
     sample = load_samples("xsum", 1)[0]
     assert "Summarize the above" not in sample.document and not sample.document.startswith("###")
-    assert len(load_samples("tinystories", 100)) == 25  # 5 stories x 5 cut points
+    assert len(load_samples("tinystories", 500)) == 200  # 5 stories x 40 cut points
 
 
 def test_unknown_names_and_bad_files(tmp_path):

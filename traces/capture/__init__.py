@@ -41,6 +41,10 @@ class CaptureConfig:
     max_prompt_tokens: int | None = None
     teacher_forced: bool | None = None  # None: the dataset's mode (long-text is teacher-forced)
     threads: int | None = None  # torch CPU threads (None: torch's default); recorded in the manifest
+    detail: str = "full"  # "summary": per-step kv rows (means over layers and heads), no kept positions
+    shared_prefill: bool = True  # one recorded prompt forward per sample, replayed for every run on it
+    batch_size: int = 1  # samples decoded together (left-padded); >1 is several times faster on CPU
+    long_text_chars: int = 6000  # chunk size of long-text samples (half prompt, half forced continuation)
     overwrite: bool = False
     progress: bool = True
     specs: list = field(init=False, repr=False)
@@ -74,6 +78,12 @@ class CaptureConfig:
             raise ValueError(f"--dtype must be fp32, bf16 or fp16, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.detail not in ("full", "summary"):
+            raise ValueError(f"--detail must be full or summary, got {self.detail!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.long_text_chars < 200:
+            raise ValueError(f"--long-text-chars must be >= 200, got {self.long_text_chars}")
         dataset_info(self.dataset)  # unknown names fail here, before any model loads
 
     def ratios_for(self, spec) -> tuple:
@@ -86,7 +96,9 @@ class CaptureConfig:
                 "cache_ratios": list(self.cache_ratios), "recent_ratio": self.recent_ratio,
                 "dataset": self.dataset, "n": self.n, "sample_ids": sample_ids,
                 "max_new_tokens": self.max_new_tokens, "device": self.device, "dtype": self.dtype,
-                "seed": self.seed, "max_prompt_tokens": self.max_prompt_tokens, "mode": self.mode()}
+                "seed": self.seed, "max_prompt_tokens": self.max_prompt_tokens, "mode": self.mode(),
+                "detail": self.detail, "batch_size": self.batch_size,
+                **({"long_text_chars": self.long_text_chars} if self.dataset.startswith("long-text") else {})}
 
     def mode(self) -> str:
         if self.teacher_forced is None:
@@ -123,14 +135,14 @@ def run_capture(config: CaptureConfig) -> Path:
 
     from traces.capture import store
     from traces.capture.prompts import check_positions, forced_ids, prompt_ids
-    from traces.capture.run import capture_one, make_policy
+    from traces.capture.run import capture_batch, make_policy
     from traces.models import load_model
 
     info = dataset_info(config.dataset)
     for spec in config.specs:  # bad policy names/parameters fail before the data and the model load
         for ratio in config.ratios_for(spec):
             make_policy(spec, ratio, config.recent_ratio, config.max_new_tokens, config.seed)
-    samples = load_samples(config.dataset, config.n, config.seed)
+    samples = load_samples(config.dataset, config.n, config.seed, long_text_chars=config.long_text_chars)
     if len(samples) < config.n:
         print(f"note: dataset {config.dataset} has only {len(samples)} samples (asked for {config.n})",
               file=sys.stderr)
@@ -162,21 +174,40 @@ def run_capture(config: CaptureConfig) -> Path:
     runs = [(sample, spec, ratio) for sample in samples for spec in config.specs
             for ratio in config.ratios_for(spec)]
     keys = [store.shard_key(spec.label, ratio, sample.id) for sample, spec, ratio in runs]
-    todo = [(run, key) for run, key in zip(runs, keys) if not store.shard_done(out, key)]
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=f"capture {lm.name}", unit="run",
+    done = sum(store.shard_done(out, key) for key in keys)
+    bar = tqdm(total=len(runs), initial=done, desc=f"capture {lm.name}", unit="run",
                disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
-    shadow_memo: dict = {}
-    memo_sample = None
-    for (sample, spec, ratio), key in todo:
-        if memo_sample != sample.id:  # full-cache passes are shared by the runs of one sample only
-            shadow_memo, memo_sample = {}, sample.id
-        bar.set_postfix_str(f"{sample.id} {spec.label} r={ratio:g}")
-        started = time.perf_counter()
-        result = capture_one(lm, spec, ratio, config.recent_ratio, prompts[sample.id], forced.get(sample.id),
-                             config.max_new_tokens, config.seed, sample.id, sample.reference, shadow_memo)
-        result.text["run_wall_s"] = time.perf_counter() - started
-        store.write_shard(out, key, result)
-        bar.update(1)
+    size = config.batch_size
+    for first in range(0, len(samples), size):
+        group = samples[first:first + size]  # decoded together; shadows and the prompt record are theirs
+        memos = [{} for _ in group]
+        record = None
+        for spec in config.specs:
+            for ratio in config.ratios_for(spec):
+                group_keys = [store.shard_key(spec.label, ratio, sample.id) for sample in group]
+                pending = sum(not store.shard_done(out, key) for key in group_keys)
+                if not pending:
+                    continue
+                if record is None and config.shared_prefill:
+                    from keyformer.generate import record_prefill
+                    from traces.capture.run import padded_batch
+
+                    record = record_prefill(lm.model, *padded_batch([prompts[s.id] for s in group],
+                                                                     lm.tokenizer, device))
+                bar.set_postfix_str(f"{group[0].id}{'+' + str(len(group) - 1) if len(group) > 1 else ''} "
+                                    f"{spec.label} r={ratio:g}")
+                started = time.perf_counter()
+                results = capture_batch(
+                    lm, spec, ratio, config.recent_ratio, [prompts[s.id] for s in group],
+                    [forced[s.id] for s in group] if teacher_forced else None, config.max_new_tokens,
+                    config.seed, [s.id for s in group], [s.reference for s in group], memos, record,
+                    config.detail)
+                wall = (time.perf_counter() - started) / len(group)
+                for key, result in zip(group_keys, results):
+                    result.text["run_wall_s"] = wall
+                    store.write_shard(out, key, result)  # a resumed batch rewrites the same shards
+                bar.update(pending)
+        del record
     bar.close()
 
     wall = sum(json.loads((out / store.SHARDS / k / "text.json").read_text()).get("run_wall_s", 0.0) for k in keys)
@@ -208,5 +239,6 @@ def _manifest(config: CaptureConfig, lm, info, samples, prompts, wall: float, de
         "max_new_tokens": config.max_new_tokens,
         "device": config.device, "dtype": config.dtype, "versions": _versions(), "seed": config.seed,
         "wall_time_s": round(wall, 3), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "detail": config.detail, "shared_prefill": config.shared_prefill,
         "env": _environment(device), "capture": settings,
     }

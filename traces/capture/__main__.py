@@ -44,6 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="force the reference tokens instead of generating (perplexity, top-1 agreement); "
                         "the default for long-text")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--detail", choices=("full", "summary"), default="full",
+                   help="full: kv rows per layer and KV head plus kept positions; summary: one kv row per step "
+                        "(means over layers and heads), no kept positions, for large quality runs (default full)")
+    p.add_argument("--no-shared-prefill", action="store_true",
+                   help="run every prompt forward under its policy instead of replaying one recorded full-"
+                        "attention forward per sample (same results; use it to time real prefills)")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="samples decoded together, left-padded (default 1). Larger batches run several times "
+                        "faster on CPU; Keyformer's noise is then drawn per batch")
+    p.add_argument("--long-text-chars", type=int, default=6000,
+                   help="characters per long-text chunk: the first half is the prompt (default 6000)")
     p.add_argument("--out", required=True, help="trace folder to write (resumed if it holds the same capture)")
     p.add_argument("--overwrite", action="store_true", help="discard what --out holds and start over")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -66,6 +77,8 @@ def main(argv=None) -> int:
                                cache_ratios=args.cache_ratios, recent_ratio=args.recent_ratio,
                                device=args.device, dtype=args.dtype, seed=args.seed,
                                max_prompt_tokens=args.max_prompt_tokens, threads=args.threads, teacher_forced=args.teacher_forced,
+                               detail=args.detail, shared_prefill=not args.no_shared_prefill,
+                               long_text_chars=args.long_text_chars, batch_size=args.batch_size,
                                overwrite=args.overwrite,
                                progress=not args.no_progress)
         from traces.capture import run_capture

@@ -54,55 +54,77 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _held_positions(policy, n_layers: int) -> list[list[np.ndarray]]:
-    """Per layer, per KV head: sorted original positions held (batch row 0)."""
-    out = []
-    for layer in range(n_layers):
-        kept = policy.kept_positions(layer)[0].cpu().numpy()
-        out.append([row[row >= 0] for row in kept])
-    return out
+def _held_positions(policy, n_layers: int, batch: int) -> list[list[list[np.ndarray]]]:
+    """Per batch row, per layer, per KV head: sorted original positions held."""
+    per_layer = [policy.kept_positions(layer).cpu().numpy() for layer in range(n_layers)]
+    return [[[row[row >= 0] for row in per_layer[layer][b]] for layer in range(n_layers)] for b in range(batch)]
 
 
 @torch.no_grad()
 def capture_one(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float | None, prompt: list[int],
                 forced: list[int] | None, max_new_tokens: int, seed: int, sample_id: str, reference: str,
-                shadow_memo: dict | None = None) -> RunResult:
-    """Run prefill + (max_new_tokens - 1) decode steps; greedy unless `forced` gives the tokens."""
+                shadow_memo: dict | None = None, record=None, detail: str = "full") -> RunResult:
+    """One sample: `capture_batch` with a batch of one."""
+    return capture_batch(lm, spec, cache_ratio, recent_ratio, [prompt], None if forced is None else [forced],
+                         max_new_tokens, seed, [sample_id], [reference], [shadow_memo], record, detail)[0]
+
+
+@torch.no_grad()
+def capture_batch(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float | None, prompts: list,
+                  forced: list | None, max_new_tokens: int, seed: int, sample_ids: list, references: list,
+                  shadow_memos: list | None = None, record=None, detail: str = "full") -> list[RunResult]:
+    """Run prefill + (max_new_tokens - 1) decode steps over a left-padded batch of prompts under one policy;
+    greedy unless `forced` gives each sample's tokens. Returns one result per sample.
+
+    Budgets, positions and kept tokens are per sequence (k from each sample's own, unpadded length); a step's
+    wall time is the batch's. Noise policies draw noise for the batch, so a Keyformer run's kept tokens
+    depend on the batch it ran in (seeded, hence reproducible for the same batches).
+
+    `record` (keyformer.generate.record_prefill of this padded batch) replaces the prompts' forward: the
+    policy selects from the recorded full-attention logits, the same computation (tests/keyformer checks
+    it), and the prefill rows' wall time is the recorded forward's. `detail="summary"` keeps one kv row per
+    step (means over layers and heads, layer = head = -1) and no kept positions: what quality needs, in a
+    fraction of the space."""
     from keyformer import compat
 
     model = lm.model
     device = next(model.parameters()).device
     n_layers = model.config.num_hidden_layers
-    n = len(prompt)
+    batch = len(prompts)
+    shadow_memos = shadow_memos or [None] * batch
+    ids, mask = padded_batch(prompts, lm.tokenizer, device)
     policy = make_policy(spec, cache_ratio, recent_ratio, max_new_tokens, seed)
     cache_kw = compat.cache_kwarg_name(model)
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_bytes_per_token_head = 2 * head_dim * next(model.parameters()).element_size()  # K and V
 
-    held: list[list[list[np.ndarray]]] = []  # step index (0 = prefill) -> layer -> head -> positions
-    step_rows = []
-    tokens: list[int] = []
+    held: list = []  # step index (0 = prefill) -> batch row -> layer -> head -> positions
+    step_rows: list[list[dict]] = [[] for _ in range(batch)]
+    tokens: list[list[int]] = [[] for _ in range(batch)]
 
-    def record(step: int, logits: torch.Tensor, wall: float, peak: int) -> int:
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top1 = int(logp.argmax())
-        index = len(tokens)
-        token = forced[index] if forced is not None else top1
-        tokens.append(token)
-        held.append(_held_positions(policy, n_layers))
-        lengths = [len(h) for layer in held[-1] for h in layer]
+    def record_step(step: int, logits: torch.Tensor, wall: float, peak: int) -> torch.Tensor:
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (B, vocab)
+        top1 = logp.argmax(dim=-1)
+        index = len(tokens[0])
+        chosen = (torch.tensor([f[index] for f in forced], device=logp.device) if forced is not None else top1)
+        nll = -logp.gather(1, chosen.view(-1, 1)).squeeze(1)
+        held.append(_held_positions(policy, n_layers, batch))
         work = policy.score_work.by_step.get(step, {})
-        step_rows.append({
-            "sample": sample_id, "policy": spec.label, "cache_ratio": cache_ratio, "step": step,
-            "phase": "prefill" if step == schema.PREFILL_STEP else "decode", "prompt_len": n,
-            "kv_len_mean": float(np.mean(lengths)),
-            "kv_cache_bytes": int(sum(lengths) * kv_bytes_per_token_head),
-            "wall_s": wall, "peak_mem_bytes": peak,
-            "score_flops": float(work.get("flops", 0)), "score_elems": float(work.get("elements", 0)),
-            "token": token, "top1": top1, "nll": float(-logp[token]),
-        })
-        return token
+        for b in range(batch):
+            token = int(chosen[b])
+            tokens[b].append(token)
+            lengths = [len(h) for layer in held[-1][b] for h in layer]
+            step_rows[b].append({
+                "sample": sample_ids[b], "policy": spec.label, "cache_ratio": cache_ratio, "step": step,
+                "phase": "prefill" if step == schema.PREFILL_STEP else "decode", "prompt_len": len(prompts[b]),
+                "kv_len_mean": float(np.mean(lengths)),
+                "kv_cache_bytes": int(sum(lengths) * kv_bytes_per_token_head),
+                "wall_s": wall, "peak_mem_bytes": peak,
+                "score_flops": float(work.get("flops", 0)) / batch, "score_elems": float(work.get("elements", 0)) / batch,
+                "token": token, "top1": int(top1[b]), "nll": float(nll[b]),
+            })
+        return chosen.view(batch, 1)
 
     def timed_forward(**kwargs):
         if device.type == "cuda":
@@ -116,26 +138,60 @@ def capture_one(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float | 
         return out, wall, peak
 
     with policy.apply(model):
-        ids = torch.tensor([prompt], device=device)
-        out, wall, peak = timed_forward(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
-        cache = compat.output_cache(out)
-        token = record(schema.PREFILL_STEP, out.logits[0, -1], wall, peak)
-        for step in range(max_new_tokens - 1):
-            out, wall, peak = timed_forward(input_ids=torch.tensor([[token]], device=device),
-                                            use_cache=True, **{cache_kw: cache})
-            cache = compat.output_cache(out)
-            token = record(step, out.logits[0, -1], wall, peak)
+        if record is not None:
+            from keyformer.generate import prefill as replay
 
-    held_mask = _held_mask(held, n + len(tokens))
-    mass = _mass_retained(lm, prompt, tokens, held_mask, device, shadow_memo)
-    kv, kept = _kv_tables(sample_id, spec.label, cache_ratio, n, held_mask, mass)
+            state = replay(model, policy, ids, mask, record=record)
+            cache = state.cache
+            token = record_step(schema.PREFILL_STEP, state.logits, state.prefill_s, -1)
+        else:
+            out, wall, peak = timed_forward(input_ids=ids, attention_mask=mask, use_cache=True)
+            cache = compat.output_cache(out)
+            token = record_step(schema.PREFILL_STEP, out.logits[:, -1], wall, peak)
+        for step in range(max_new_tokens - 1):
+            out, wall, peak = timed_forward(input_ids=token, use_cache=True, **{cache_kw: cache})
+            cache = compat.output_cache(out)
+            token = record_step(step, out.logits[:, -1], wall, peak)
+
+    results = []
     eos = lm.tokenizer.eos_token_id
-    cut = tokens.index(eos) if (forced is None and eos in tokens) else len(tokens)
-    text = {"sample": sample_id, "policy": spec.label, "cache_ratio": cache_ratio, "prompt_len": n,
-            "generated": lm.tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip(),
-            "reference": reference, "tokens": tokens, "teacher_forced": forced is not None,
-            "stopped_at_eos": cut < len(tokens)}
-    return RunResult(kv, kept, pd.DataFrame(step_rows), text)
+    for b in range(batch):
+        n, generated = len(prompts[b]), tokens[b]
+        held_mask = _held_mask([row[b] for row in held], n + len(generated))
+        mass = _mass_retained(lm, prompts[b], generated, held_mask, device, shadow_memos[b])
+        kv, kept = _kv_tables(sample_ids[b], spec.label, cache_ratio, n, held_mask, mass)
+        if detail == "summary":
+            kv, kept = summarize_kv(kv), kept.iloc[:0]
+        cut = generated.index(eos) if (forced is None and eos in generated) else len(generated)
+        text = {"sample": sample_ids[b], "policy": spec.label, "cache_ratio": cache_ratio, "prompt_len": n,
+                "generated": lm.tokenizer.decode(generated[:cut], skip_special_tokens=True).strip(),
+                "reference": references[b], "tokens": generated, "teacher_forced": forced is not None,
+                "stopped_at_eos": cut < len(generated), "batch": batch}
+        results.append(RunResult(kv, kept, pd.DataFrame(step_rows[b]), text))
+    return results
+
+
+def padded_batch(prompts: list, tokenizer, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and their attention mask (the pad id never reaches attention: it is masked)."""
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for b, prompt in enumerate(prompts):
+        ids[b, width - len(prompt):] = torch.tensor(prompt)
+        mask[b, width - len(prompt):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def summarize_kv(kv: pd.DataFrame) -> pd.DataFrame:
+    """One row per step: kv_len, kept_prompt and mass_retained averaged over layers and KV heads (layer =
+    head = -1). Means of equal-sized groups, so every mean over steps equals the detailed table's."""
+    keys = ["sample", "policy", "cache_ratio", "step", "prompt_len"]
+    out = kv.groupby(keys, sort=False).agg(kv_len=("kv_len", "mean"), kept_prompt=("kept_prompt", "mean"),
+                                            mass_retained=("mass_retained", "mean")).reset_index()
+    out["kv_len"] = out["kv_len"].round().astype(np.int32)
+    out["kept_prompt"] = out["kept_prompt"].round().astype(np.int32)
+    return out.assign(layer=-1, head=-1)
 
 
 def _held_mask(held, length: int) -> np.ndarray:
