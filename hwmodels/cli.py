@@ -22,6 +22,32 @@ def fail(message: str, code: int = 2):
     raise SystemExit(code)
 
 
+def progress_disabled(wanted: bool = True) -> bool:
+    """tqdm's `disable` for a bar on stderr: off when not `wanted`, else shown on a terminal only (no
+    carriage-return spam in logs and pipes). KVSIM_PROGRESS=1 forces bars on, KVSIM_PROGRESS=0 off."""
+    if not wanted:
+        return True
+    force = os.environ.get("KVSIM_PROGRESS", "").strip()
+    if force in ("0", "1"):
+        return force == "0"
+    try:
+        return not sys.stderr.isatty()
+    except (AttributeError, ValueError):    # replaced or closed stderr
+        return True
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to an option's help unless the help already says its default, or there is
+    none worth saying (None, False); choices are listed by argparse in the metavar."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS) \
+                or action.option_strings == [] or isinstance(action, argparse._HelpAction):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 def atomic_writer(path: Path, write: Callable[[Path], None]) -> None:
     """Let `write(tmp_path)` produce the file (pandas, matplotlib, yaml), then move it into place, so a
     reader never sees half a file and an interrupted run leaves the old one."""

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from hwmodels.dtypes import DTYPES, canonical_dtype
-from sim.cli import ArgumentParser, positive_int, run
+from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, positive_int, run
 from sim.engine import Prediction, predict
 from sim.kvlen import POLICIES
 
@@ -26,19 +26,31 @@ def ratio(text: str) -> float:
     return value
 
 
+def profile_names() -> list[str]:
+    """Registered software-stack profiles, plugins included (for --help)."""
+    from sim import profiles
+    try:
+        profiles._load_plugins()
+    except Exception:   # a broken plugin is reported when it is used, not in --help
+        pass
+    return sorted(profiles.PROFILES)
+
+
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m sim.predict", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m sim.predict", description=__doc__.split("\n")[0],
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--hw", required=True, help="device name (python -m hwmodels list) or hardware YAML file")
     p.add_argument("--model", required=True, help="shipped model name or HF config.json / model folder")
     p.add_argument("--batch", type=positive_int, default=1, help="requests decoded together (default 1)")
     p.add_argument("--prompt", type=positive_int, required=True, help="prompt tokens per request")
     p.add_argument("--gen", type=positive_int, required=True, help="generated tokens per request")
-    p.add_argument("--policy", choices=POLICIES, default="full")
+    p.add_argument("--policy", choices=POLICIES, default="full", help="KV-cache policy")
     p.add_argument("--cache-ratio", type=ratio, default=1.0, help="KV budget as a fraction of the prompt, (0, 1]")
     p.add_argument("--recent-ratio", type=ratio, default=0.3, help="recent window as a fraction of the budget, [0, 1]")
-    p.add_argument("--kv-dtype", default="bf16", help=f"one of {', '.join(DTYPES)}")
-    p.add_argument("--weight-dtype", default="bf16", help=f"one of {', '.join(DTYPES)}")
-    p.add_argument("--profile", default="fused", help="software-stack profile (default fused)")
+    p.add_argument("--kv-dtype", default="bf16", help=f"KV-cache dtype, one of {', '.join(DTYPES)}")
+    p.add_argument("--weight-dtype", default="bf16", help=f"weight dtype, one of {', '.join(DTYPES)}")
+    p.add_argument("--profile", default="fused",
+                   help=f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)")
     p.add_argument("--beams", type=positive_int, default=1, help="beam width: multiplies KV and batch rows")
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -116,7 +128,9 @@ def format_summary(pred: Prediction) -> str:
         + ("" if x["fits"] else "   DOES NOT FIT"),
         f"  KV per token    {x['kv_bytes_per_token'] / 1024:g} KiB (all layers, one sequence); "
         f"peak {x['peak_kv_tokens']:,.0f} tokens per sequence",
-        f"  max batch       {pred.max_batch} requests -> {pred.max_batch_tokens_per_s:,.1f} tokens/s",
+        f"  max batch       {pred.max_batch} requests -> {pred.max_batch_tokens_per_s:,.1f} tokens/s "
+        f"(continuous batching; all at once: {pred.max_batch_all_at_once} -> "
+        f"{pred.max_batch_all_at_once_tokens_per_s:,.1f} tokens/s)",
     ]
     if x.get("exceeds_max_positions"):
         lines.append(f"note: prompt + gen = {i['prompt'] + i['gen']} exceeds the model's trained context; "
@@ -127,6 +141,10 @@ def format_summary(pred: Prediction) -> str:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     check_args(a)
+    from sim.models import load_model
+    note = check_context(load_model(a.model), a.prompt + a.gen, "prompt + gen")
+    if note and a.json:     # the text summary carries its own note
+        print(f"warning: {note}", file=sys.stderr)
     override = None
     if a.trace:
         from sim.models import load_model

@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm  # text bar on stderr everywhere (tqdm.auto wants ipywidgets in notebooks)
 
+from hwmodels.cli import progress_disabled
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The packages whose source decides a simulated result; editing any of them starts a fresh cache.
 CODE_PACKAGES = ("sim", "hwmodels", "traces")
@@ -382,7 +384,7 @@ def run_points(points: pd.DataFrame, evaluate: Evaluate, *, key_columns: Sequenc
     size = chunk_size or choose_chunk_size(len(todo_rows), executor.workers, max_chunk)
     # SI-scaled counts (1.2M) only where they help: "14.0/14.0" reads worse than "14/14"
     bar = tqdm(total=n, initial=n_cached, unit="pt", unit_scale=n >= 100_000, smoothing=0.05, desc=desc,
-               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+               file=sys.stderr, disable=progress_disabled(progress), dynamic_ncols=True)
     if n_cached:
         bar.set_postfix_str(f"{n_cached:,} cached")
 

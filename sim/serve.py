@@ -174,7 +174,7 @@ def _missing(value) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m sim.serve", description=__doc__.split("\n\n")[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=cli.DefaultsHelpFormatter)
     p.add_argument("--hw", required=True, help="device name (hwmodels list) or YAML path")
     p.add_argument("--model", required=True, help="model name (sim/models) or HF config.json path")
     p.add_argument("--policy", default="full", choices=kvlen.POLICIES)
@@ -188,8 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                    "prompt_tokens, output_tokens per row)")
     p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation of the gaps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-dtype", default="bf16")
-    p.add_argument("--weight-dtype", default="bf16")
+    p.add_argument("--kv-dtype", default="bf16", help="KV-cache dtype (fp32 bf16 fp16 fp8 int8 int4)")
+    p.add_argument("--weight-dtype", default="bf16", help="weight dtype (fp32 bf16 fp16 fp8 int8 int4)")
     p.add_argument("--profile", default="fused", help="operator profile (sim.profiles)")
     p.add_argument("--max-batch", type=int, default=None, help="max requests in flight (default: memory decides)")
     p.add_argument("--chunked-prefill", type=int, default=None, metavar="TOKENS",
@@ -204,20 +204,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
                    help="per layer, average the KV heads or take the fullest one")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeline", default=None, metavar="CSV", help="write the per-step timeline (memory over time)")
+    p.add_argument("--timeline", default=None, metavar="CSV",
+                   help="write the per-step timeline (memory over time); its folder must exist")
     p.add_argument("--per-request", default=None, metavar="CSV", help="write one row per request")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def _write_csv(frame, path: str) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    cli.atomic_writer(target, lambda tmp: frame.to_csv(tmp, index=False))
+    cli.atomic_writer(Path(path), lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def _ms(stats: dict) -> list[str]:
-    return ["-" if stats[k] is None else f"{stats[k] * 1e3:.2f}" for k in STAT_KEYS]
+def _durations(stats: dict) -> list[str]:
+    return [cli.duration(stats[k]) for k in STAT_KEYS]
+
+
+# Output tokens the DES simulates per second of host time, roughly (benchmarks/serve_bench.py: 10,000
+# requests x 512 tokens in 4-18 s on the development VM): for the up-front estimate of a long run.
+DES_TOKENS_PER_S = 3e5
+ESTIMATE_WARN_S = 60.0
+
+
+def run_estimate(requests, gen) -> str | None:
+    """A warning line when simulating `requests` x `gen` output tokens would take over a minute here."""
+    if not requests or not gen:
+        return None
+    seconds = float(requests) * float(gen) / DES_TOKENS_PER_S
+    if seconds < ESTIMATE_WARN_S:
+        return None
+    return (f"{requests:,} requests x {gen:,} output tokens: roughly {cli.duration(seconds)} to simulate "
+            f"(the DES runs about {DES_TOKENS_PER_S:,.0f} output tokens/s here) and memory for every request; "
+            "fewer --requests give the same steady-state statistics")
 
 
 def format_report(res: ServeResult) -> str:
@@ -242,11 +259,11 @@ def format_report(res: ServeResult) -> str:
         f"{res.kv_capacity_bytes / gb:.2f}",
         f"{'peak memory (GB)':32s}{res.peak_memory_bytes / gb:.2f} of {c['device_memory_bytes'] / gb:.2f}",
         "",
-        f"{'latency (ms)':14s}{'mean':>12s}{'p50':>12s}{'p90':>12s}{'p99':>12s}",
+        f"{'latency':14s}{'mean':>12s}{'p50':>12s}{'p90':>12s}{'p99':>12s}",
     ]
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queue_s", "queueing")):
-        lines.append(f"{label:14s}" + "".join(f"{v:>12s}" for v in _ms(getattr(res, key))))
+        lines.append(f"{label:14s}" + "".join(f"{v:>12s}" for v in _durations(getattr(res, key))))
     if res.dropped:
         lines.append("")
         lines.extend(f"dropped {n}: {reason}" for reason, n in res.to_dict()["drop_reasons"].items())
@@ -258,6 +275,17 @@ def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.arrivals in ARRIVAL_KINDS and args.requests is None:
         args.requests = 100
+    for flag, path in (("--timeline", args.timeline), ("--per-request", args.per_request)):
+        if path:
+            cli.output_file(flag, path)
+    if args.prompt is not None and args.gen is not None and args.prompt > 0 and args.gen > 0:
+        from sim.models import load_model
+        note = cli.check_context(load_model(args.model), args.prompt + args.gen, "--prompt + --gen")
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+    estimate = run_estimate(args.requests, args.gen)
+    if estimate:
+        print(f"warning: {estimate}", file=sys.stderr)
     cfg = ServeConfig(
         hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
         recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy
 
-from ..cli import OneLineParser, fail
+from ..cli import OneLineParser, fail, progress_disabled
 from ..errors import HardwareFileError
 from ..units import format_quantity
 from . import hostinfo
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     plan = make_plan(args.device, args.quick, args.thorough)
     try:
         with tqdm(total=plan.n_points(), desc=f"calibrate {args.device}", unit="pt",
-                  file=sys.stderr, leave=False) as bar:
+                  file=sys.stderr, leave=False, disable=progress_disabled()) as bar:
             def progress(label):
                 bar.set_postfix_str(label, refresh=False)
                 bar.update(1)

@@ -108,7 +108,9 @@ class ServingSimulation:
         bar = None
         if self._progress:
             from tqdm import tqdm
-            bar = tqdm(total=self.sched.n_requests, desc=self._progress_desc, unit="req", leave=False)
+            from hwmodels.cli import progress_disabled
+            bar = tqdm(total=self.sched.n_requests, desc=self._progress_desc, unit="req", leave=False,
+                       disable=progress_disabled())
         try:
             self.env.process(self._arrivals())
             self.env.process(self._engine(bar))

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from hwmodels.cli import progress_disabled
 from sim.models import load_model
 from sim.validation import predict
 from sim.validation.noise import noise_floor, parse_rounds, point_noise, ratio_rounds
@@ -139,7 +140,7 @@ def measured_points(source, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
 def collect(refs: pd.DataFrame, sources: list, show_progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     total = len(refs) + sum(len(s.table) for s in sources)
     points, compare = [], []
-    with tqdm(total=total, desc="predicting", unit="pt", disable=not show_progress, leave=False) as bar:
+    with tqdm(total=total, desc="predicting", unit="pt", disable=progress_disabled(show_progress), leave=False) as bar:
         if len(refs):
             p, c = reference_points(refs, bar)
             points.append(p)

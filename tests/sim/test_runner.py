@@ -263,7 +263,8 @@ def test_many_shards_are_compacted_without_losing_points(toy_env, tmp_path):
     assert again.n_cached == 700
 
 
-def test_progress_bar_shows_points_rate_and_time_left(toy_env, capsys):
+def test_progress_bar_shows_points_rate_and_time_left(toy_env, capsys, monkeypatch):
+    monkeypatch.setenv("KVSIM_PROGRESS", "1")     # bars only on a terminal unless forced (capsys is none)
     run_points(grid(100), toy_evaluate, chunk_size=10, desc="toy")
     err = capsys.readouterr().err
     assert "toy" in err and "100/100" in err and "pt/s" in err and "<" in err

@@ -197,7 +197,8 @@ def test_simulate_row_for_the_sweep():
     assert {"ttft_s_p99", "tpot_s_mean", "tokens_per_s", "requests_per_s", "peak_memory_bytes"} <= set(row)
 
 
-def test_simulate_accepts_loaded_device_and_model_objects(capsys):
+def test_simulate_accepts_loaded_device_and_model_objects(capsys, monkeypatch):
+    monkeypatch.setenv("KVSIM_PROGRESS", "1")     # bars only on a terminal unless forced (capsys is none)
     from hwmodels import load_device
     from sim.models import load_model
     res = simulate(load_device("h100-sxm"), load_model("llama-3-8b"), "keyformer", 0.5, qps=5.0, requests=10,
