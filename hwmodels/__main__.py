@@ -85,17 +85,49 @@ def print_show(device) -> None:
             print(f"{field:<{width_field}}  {value:<{width_value}}  {source}")
 
 
+def list_rows() -> list[tuple[str, ...]]:
+    """One row per shipped device: name, memory, peak bandwidth, dense FLOP/s in bf16 and fp8, kind
+    (datasheet or calibrated). A broken file shows as such instead of hiding the others."""
+    rows = [("name", "memory", "bandwidth", "bf16 dense", "fp8 dense", "from")]
+    for name in list_devices():
+        try:
+            device = load_device(name)
+        except HardwareFileError as exc:
+            rows.append((name, "-", "-", "-", "-", f"unreadable: {exc}"))
+            continue
+        peaks = []
+        for dtype in ("bf16", "fp8"):
+            used = device.flops_dtype(dtype)
+            text = format_quantity(device.flops[used], "ops_rate")
+            peaks.append(text if used == dtype else f"{text} ({used})")
+        rows.append((name, format_quantity(device.memory_bytes, "size"), format_quantity(device.memory_bw, "bandwidth"),
+                     *peaks, "calibrated" if device.calibration else "datasheet"))
+    return rows
+
+
+def print_list() -> None:
+    rows = list_rows()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
 def main(argv=None) -> int:
     parser = OneLineParser(prog="python -m hwmodels", description="Hardware files of kvsim.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    sub.add_parser("list", help="print the shipped device names, one per line")
+    listing = sub.add_parser("list", help="print the shipped devices: memory, peak bandwidth, dense FLOP/s "
+                             "(bf16, fp8; a fallback dtype in parentheses)")
+    listing.add_argument("--names", action="store_true", help="names only, one per line (for scripts)")
     show = sub.add_parser("show", help="print one device as a table with sources")
     show.add_argument("device", help="a shipped device name or a path to a hardware YAML file")
     show.add_argument("--json", action="store_true", help="print the device as one JSON object")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
-            print("\n".join(list_devices()))
+            if args.names:
+                print("\n".join(list_devices()))
+            else:
+                print_list()
             return 0
         device = load_device(args.device)
         if args.json:

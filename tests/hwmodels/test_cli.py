@@ -15,10 +15,22 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def test_list_prints_names_one_per_line():
-    proc = run_cli("hwmodels", "list")
+    proc = run_cli("hwmodels", "list", "--names")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == hwmodels.list_devices()
     assert "h200-sxm" in proc.stdout.splitlines()
+
+
+def test_list_shows_memory_bandwidth_and_dense_flops():
+    proc = run_cli("hwmodels", "list")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["name", "memory", "bandwidth", "bf16", "dense", "fp8", "dense", "from"]
+    assert len(lines) == 1 + len(hwmodels.list_devices())
+    h200 = next(line for line in lines if line.startswith("h200-sxm "))
+    assert "141 GB" in h200 and "4.8 TB/s" in h200 and "989.4 TFLOP/s" in h200 and h200.endswith("datasheet")
+    a100 = next(line for line in lines if line.startswith("a100-80g-sxm "))
+    assert "(bf16)" in a100                                   # no fp8 units: the fallback is named
 
 
 def test_show_prints_table_with_sources():
