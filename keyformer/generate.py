@@ -287,8 +287,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      description="Greedy generation under a KV-cache policy that physically evicts.")
     parser.add_argument("--model", required=True, help="local model folder (or a name already in the HF cache)")
     parser.add_argument("--policy", required=True, choices=["full", "window", "streaming", "h2o", "keyformer"])
-    parser.add_argument("--cache-ratio", type=float, required=True,
-                        help="KV budget as a fraction of the real prompt length (ignored by full)")
+    parser.add_argument("--cache-ratio", type=float, default=None,
+                        help="KV budget as a fraction of the real prompt length (required except for full)")
     parser.add_argument("--recent-ratio", type=float, default=None,
                         help="recent window as a fraction of the budget (h2o, keyformer; default 0.3)")
     parser.add_argument("--noise", choices=["gumbel", "gaussian", "constant", "none"], default=None,
@@ -306,8 +306,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def policy_from_args(args: argparse.Namespace):
     params = {}
     if args.policy != "full":
+        if args.cache_ratio is None:
+            raise UsageError(f"--policy {args.policy} needs --cache-ratio (the KV budget, a fraction in (0, 1])")
         params["cache_ratio"] = args.cache_ratio
-    elif not 0.0 < args.cache_ratio <= 1.0:
+    elif args.cache_ratio is not None and not 0.0 < args.cache_ratio <= 1.0:
         raise UsageError(f"--cache-ratio must be in (0, 1], got {args.cache_ratio}")
     if args.recent_ratio is not None:
         if args.policy not in ("h2o", "keyformer"):
