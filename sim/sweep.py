@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -78,16 +79,22 @@ class GridConfig:
                     raise ValueError(f"grid {name}: expected positive integers, got {v!r}")
         for name, lo_open in (("cache_ratios", True), ("recent_ratios", False)):
             for v in getattr(self, name):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):   # e.g. a list inside the list
+                    raise ValueError(f"grid {name}: expected numbers in {'(0, 1]' if lo_open else '[0, 1]'}, got {v!r}")
                 in_range = 0 < v <= 1 if lo_open else 0 <= v <= 1
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not in_range:
+                if not in_range:
                     raise ValueError(f"grid {name}: {v!r} out of range {'(0, 1]' if lo_open else '[0, 1]'}")
         for v in self.policies:
-            if v not in POLICIES:
+            if not isinstance(v, str) or v not in POLICIES:
                 raise ValueError(f"grid policies: unknown policy {v!r}; expected {', '.join(POLICIES)}")
-        self.kv_dtypes = [canonical_dtype(v) for v in self.kv_dtypes]
-        self.weight_dtypes = [canonical_dtype(v) for v in self.weight_dtypes]
+        for name in ("hw", "models", "policies", "kv_dtypes", "weight_dtypes", "profiles"):
+            bad = [v for v in getattr(self, name) if not isinstance(v, (str, os.PathLike))]
+            if bad:
+                raise ValueError(f"grid {name}: expected names, got {bad[0]!r}")
         self.hw = [str(v) for v in self.hw]
         self.models = [str(v) for v in self.models]
+        self.kv_dtypes = [canonical_dtype(v) for v in self.kv_dtypes]
+        self.weight_dtypes = [canonical_dtype(v) for v in self.weight_dtypes]
 
     @classmethod
     def from_yaml(cls, path) -> "GridConfig":
@@ -175,7 +182,12 @@ class RunOptions:
         self.trace_batches = _own_or_positive(self.trace_batches, "trace_batches")
         if OWN in self.trace_batches:
             raise ValueError("trace_batches: expected positive integers")
-        self.qps = float(self.qps)
+        if isinstance(self.qps, bool) or not isinstance(self.qps, (int, float, str)):
+            raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}")
+        try:
+            self.qps = float(self.qps)
+        except ValueError:
+            raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}") from None
         if not self.qps > 0:
             raise ValueError(f"qps must be > 0 (or inf), got {self.qps}")
         if isinstance(self.requests, bool) or not isinstance(self.requests, (int, np.integer)) or self.requests < 1:
