@@ -29,6 +29,9 @@ from typing import Callable, ClassVar
 import torch
 
 POSITION_MODES = ("original", "renumber")
+BUDGET_BASES = ("real", "padded")
+SELECTIONS = ("paper", "official")
+FROZEN = 1e30  # priority of a frozen key token: above any score or position, below the window's +inf
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,11 @@ class Policy:
     recent_ratio: float = 0.3
     position_mode: str = "original"
     gqa_reduce: str = "sum"
+    # What k is a fraction of: "real" = each sequence's unpadded prompt length (the paper's text); "padded" =
+    # max(pad_length, n_real), as the official scripts do (prompts left-padded to 1920 tokens, k from the
+    # padded length, so a short article keeps all of its tokens until the cache grows past k).
+    budget_base: str = "real"
+    pad_length: int = 1920
 
     name: ClassVar[str] = "base"
     evicts: ClassVar[bool] = True
@@ -89,6 +97,10 @@ class Policy:
             raise ValueError(f"position_mode must be one of {', '.join(POSITION_MODES)}, got {self.position_mode!r}")
         if self.gqa_reduce not in ("sum", "mean"):
             raise ValueError(f"gqa_reduce must be 'sum' or 'mean', got {self.gqa_reduce!r}")
+        if self.budget_base not in BUDGET_BASES:
+            raise ValueError(f"budget_base must be one of {', '.join(BUDGET_BASES)}, got {self.budget_base!r}")
+        if self.pad_length < 1:
+            raise ValueError(f"pad_length must be >= 1, got {self.pad_length}")
         self._observers: list[Callable[[StepEvent], None]] = []
         self.score_work = ScoreWork()
         self.profile = False  # when True, time score update + selection (benchmarks)
@@ -107,6 +119,11 @@ class Policy:
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
         """(B, H, S) ranking, lower is evicted first. Empty slots and the recent window are handled here."""
         raise NotImplementedError
+
+    @property
+    def frozen_keys(self) -> bool:
+        """The released code's selection (policies with a `selection` field): keys chosen once, then kept."""
+        return getattr(self, "selection", "paper") == "official"
 
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
         """This step's score per (B, H_kv, G, q, S) entry from the fp32 logits and the model's softmax."""
@@ -163,15 +180,35 @@ class Policy:
         if int(self.prompt_lengths.min()) < 1:
             raise ValueError("every sequence needs at least one real (unpadded) prompt token")
         if self.evicts:
-            self.budget = torch.clamp(torch.floor(self.cache_ratio * self.prompt_lengths.double()).long(), min=1)
+            base = self.prompt_lengths
+            if self.budget_base == "padded":
+                base = torch.clamp(base, min=self.pad_length)
+            self.budget = torch.clamp(torch.floor(self.cache_ratio * base.double()).long(), min=1)
         else:
             self.budget = self.prompt_lengths.clone()
         self.recent = torch.minimum(self.recent_tokens(self.budget), self.budget)
+        # Paper: k tokens held after each eviction, the w newest (newcomer included) protected, k + 1 attended.
+        # Official: key tokens frozen at the first selection, w - 1 held besides them, so exactly k are
+        # attended with the newcomer (the released mask code's boundary).
+        official = self.frozen_keys
+        if official and int(self.recent.min()) < 1:
+            raise ValueError("selection='official' needs a recent window of at least one token (the incoming "
+                             "one): raise recent_ratio or cache_ratio")
+        self.hold = self.budget - 1 if official else self.budget
+        self.protect = self.recent - 1 if official else self.recent
+        # Official: key tokens are the positions below key_limit from decode step key_from_step on (a prompt
+        # that selects freezes them at once; a growing sequence at its first eviction, step hold - n).
+        self.key_limit = torch.where(self.prompt_lengths > self.hold, self.prompt_lengths - self.recent,
+                                     self.hold - self.protect + 1)
+        self.key_from_step = torch.clamp(self.hold - self.prompt_lengths + 1, min=0)
         positions = valid.long().cumsum(-1) - 1
         self.prompt_positions = torch.where(valid, positions, -1)
         self.query_valid = valid
+        # Sequences whose prompt is shorter than what they hold grow (no eviction) until they reach it.
+        self.growing = self.evicts and bool((self.hold > self.prompt_lengths).any())
+        self._over = None  # growing: which sequences evict at this decode step
         # With equal budgets every slot is filled once the newcomer is written: no slot mask is needed.
-        self.dense_slots = self.evicts and bool((self.budget == self.budget[0]).all())
+        self.dense_slots = self.evicts and not self.growing and bool((self.budget == self.budget[0]).all())
         self.next_position = self.prompt_lengths.clone()  # original position of the next token
         self.step = -1
         self.score_work.reset()
@@ -185,8 +222,10 @@ class Policy:
         self.step += 1
         self.current_position = self.next_position.clone()
         self.next_position = self.next_position + 1
-        # tokens at positions above this floor form the recent window of this step (newcomer included)
-        self._window_floor = (self.current_position - self.recent).view(-1, 1, 1)
+        # tokens at positions above this floor are protected at this step's eviction (newcomer included)
+        self._window_floor = (self.current_position - self.protect).view(-1, 1, 1)
+        if self.growing:  # a sequence holding min(hold, n + s) tokens before step s evicts once n + s >= hold
+            self._over = self.prompt_lengths + self.step >= self.hold
         if self.position_mode == "renumber" and self.evicts:
             # The newcomer sits right after the k tokens held (StreamingLLM-style query position).
             return self.budget.unsqueeze(-1)
@@ -197,7 +236,9 @@ class Policy:
 
     def _reorder_sequences(self, beam_idx: torch.Tensor) -> None:
         self.prompt_groups = None  # after the prompt, beams are separate sequences
-        for name in ("prompt_lengths", "budget", "recent", "next_position", "current_position", "_window_floor"):
+        for name in ("prompt_lengths", "budget", "recent", "hold", "protect", "key_limit", "key_from_step",
+                     "_over", "next_position",
+                     "current_position", "_window_floor"):
             tensor = getattr(self, name, None)
             if tensor is not None:
                 setattr(self, name, tensor.index_select(0, beam_idx.to(tensor.device)))
@@ -237,31 +278,52 @@ class Policy:
                 fn(event)
 
     def _select_prompt(self, layer, prompt_scores: torch.Tensor | None) -> None:
-        """Keep the last w real tokens plus the top (k - w) of the others, per sequence and KV head."""
+        """Keep the last w real tokens plus the top (k - w) of the others, per sequence and KV head.
+
+        Official selection keeps the last w - 1 and the top (k - w) of the first n - w (token n - w, the one
+        the incoming token displaces from the window, is dropped), then freezes those keys. A prompt no longer
+        than what a sequence holds (padded budget base) is kept whole; selection waits for the cache to grow."""
         batch, heads, n = layer.keys.shape[:3]
-        positions = self.prompt_positions.to(layer.keys.device)
+        device = layer.keys.device
+        positions = self.prompt_positions.to(device)
         pos = positions.unsqueeze(1).expand(batch, heads, n)
         ranking = self.priority(pos, prompt_scores).float()
-        lengths = self.prompt_lengths.to(pos.device).view(batch, 1, 1)
-        recent = pos >= lengths - self.recent.to(pos.device).view(batch, 1, 1)
+        lengths = self.prompt_lengths.to(device).view(batch, 1, 1)
+        recent = pos >= lengths - self.protect.to(device).view(batch, 1, 1)
         ranking = torch.where(recent, math.inf, ranking)
+        keep = torch.minimum(self.hold, self.prompt_lengths).to(device)  # tokens each sequence keeps now
+        if self.frozen_keys:
+            selects = (self.prompt_lengths > self.hold).to(device).view(batch, 1, 1)
+            displaced = selects & (pos == lengths - self.recent.to(device).view(batch, 1, 1))
+            ranking = torch.where(displaced, -FROZEN, ranking)
         ranking = torch.where(pos < 0, -math.inf, ranking)  # padding is never kept
-        kept = int(self.budget.max())
+        kept = int(keep.max())
         keep_idx = ranking.topk(kept, dim=-1).indices  # sorted: recent first, then by priority
-        keep_valid = torch.arange(kept, device=pos.device).view(1, kept) < self.budget.to(pos.device).view(batch, 1)
-        layer.compact(keep_idx, keep_valid, positions, prompt_scores, extra_slots=1)
+        keep_valid = torch.arange(kept, device=device).view(1, kept) < keep.view(batch, 1)
+        layer.compact(keep_idx, keep_valid, positions, prompt_scores, extra_slots=int(self.hold.max()) + 1 - kept)
 
     def _evict_one(self, layer) -> None:
-        """Evict the lowest-priority token outside the recent window, one per (sequence, KV head)."""
+        """Evict the lowest-priority token outside the protected window, one per (sequence, KV head); a
+        sequence still below what it holds (growing) evicts nothing and fills its next empty slot."""
         if not self.evicts:
             layer.free_slot = layer.free_slot + 1
             return
         pos = layer.positions
-        protected = pos > self._window_floor  # the w newest tokens, newcomer included
+        protected = pos > self._window_floor  # the w newest tokens (official: w - 1), newcomer included
         if not self.dense_slots:
             protected |= pos < 0  # sequences with a smaller budget than the batch maximum
-        ranking = torch.where(protected, math.inf, self.priority(pos, layer.scores))  # one pass
-        layer.evict(ranking.min(dim=-1).indices)  # min().indices: about twice as fast as argmin on CPU
+        priority = self.priority(pos, layer.scores)
+        if self.frozen_keys:
+            active = (self.key_from_step <= self.step).to(pos.device).view(-1, 1, 1)
+            frozen = (pos >= 0) & (pos < self.key_limit.to(pos.device).view(-1, 1, 1))
+            # Frozen keys stay; among the others the token that left the window goes (oldest first).
+            priority = torch.where(active, torch.where(frozen, FROZEN, pos.float()), priority)
+        ranking = torch.where(protected, math.inf, priority)  # one pass
+        slot = ranking.min(dim=-1).indices  # min().indices: about twice as fast as argmin on CPU
+        if self.growing and not bool(self._over.all()):
+            over = self._over.to(pos.device).view(-1, 1)
+            slot = torch.where(over, slot, (pos < 0).int().argmax(dim=-1))  # or fill the next empty slot
+        layer.evict(slot)
 
 
 def _identical_rows(inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:

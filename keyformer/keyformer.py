@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from keyformer.base import Policy
+from keyformer.base import SELECTIONS, Policy
 
 NOISES = ("gumbel", "gaussian", "constant", "none")
 # The ablation's (paper §4.4.3, Table 4) moments of the standard Gumbel: Euler's gamma and pi/sqrt(6).
@@ -31,6 +31,10 @@ class KeyformerPolicy(Policy):
     tau_end: float = 2.0
     max_new_tokens: int | None = None  # T of the temperature schedule; generate() fills it in when unset
     seed: int = 0
+    # "paper": re-rank every step (the paper's text, Alg. 1). "official": the released code's semantics
+    # (d-matrix-ai/keyformer-llm): key tokens chosen at the prompt, then frozen; the w newest tokens including
+    # the incoming one, exactly k attended (see base.py and shared/docs/keyformer-paper.md §1.5).
+    selection: str = "paper"
     name: ClassVar[str] = "keyformer"
     needs_scores: ClassVar[bool] = True
     # noise (about 4: uniform draw, two logs) + add + divide by tau + softmax (max, subtract, exp, sum,
@@ -43,6 +47,8 @@ class KeyformerPolicy(Policy):
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {self.noise!r}")
         if self.tau_init <= 0 or self.tau_end <= 0:
             raise ValueError(f"temperatures must be > 0, got tau_init={self.tau_init}, tau_end={self.tau_end}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self._generator = None

@@ -349,3 +349,78 @@ def test_replayed_prefill_equals_the_forward(case):
     assert all(torch.allclose(a, b) for a, b in zip(scores_a, scores_b))
     with pytest.raises(ValueError, match="another input"):
         prefill(model, policy_for(name, **ratio_params(name, 0.5)), prompt(seed=12), record=record)
+
+
+def _official_reference_kept(model, ids, k: int, w: int, steps: int) -> dict:
+    """The released code's rule, re-implemented from the stock model's own attention (noise off, tau = 1):
+    key tokens = top (k - w) of the prompt's column sums among positions [0, n - w) per layer and KV head,
+    frozen; after decode step s the cache holds them plus the w - 1 newest tokens (positions up to n + s)."""
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    n = ids.shape[1]
+    kept = {}
+    for layer, attn in enumerate(out.attentions):  # (1, H_q, n, n)
+        heads = attn.shape[1] // kv_group(model)
+        scores = attn[0].float().sum(dim=1).view(heads, kv_group(model), n).sum(dim=1)  # (H_kv, n)
+        keys = scores[:, : n - w].topk(k - w, dim=-1).indices.sort(dim=-1).values
+        for step in range(-1, steps):
+            newest = n - 1 + (step + 1)
+            window = torch.arange(newest - w + 2, newest + 1).expand(heads, w - 1)
+            kept[(step, layer)] = torch.cat([keys, window], dim=-1).sort(dim=-1).values.unsqueeze(0)
+    return kept
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gptj", "llama_gqa", "neox"])
+def test_official_selection_equals_a_direct_reimplementation(arch):
+    """selection='official': keys chosen at the prompt then frozen, the w newest tokens including the incoming
+    one, exactly k attended; kept sets and decode logits against the rule applied to the stock model."""
+    model = build(arch)
+    ids = prompt(seed=21)
+    policy = make_policy("keyformer", cache_ratio=0.5, recent_ratio=0.3, noise="none", tau_init=1.0,
+                         tau_end=1.0, selection="official")
+    seen = {}
+    policy.add_observer(lambda e: seen.__setitem__((e.step, e.layer), e.kept_positions.clone()))
+    with prefill(model, policy, ids) as state:
+        k, w = int(policy.budget[0]), int(policy.recent[0])
+        ours = [decode_one_token(state).clone() for _ in range(STEPS)]
+        fed = state.generated[:STEPS]
+    assert (k, w) == (PROMPT_LEN // 2, 3)
+    expected = _official_reference_kept(model, ids, k, w, STEPS)
+    for key, kept in expected.items():
+        assert torch.equal(seen[key], kept), key
+        assert kept.shape[-1] == k - 1  # + the incoming token = exactly k attended
+    reference = masked_reference_logits(model, ids, fed, expected, kv_group(model))
+    for step, (a, b) in enumerate(zip(ours, reference)):
+        assert torch.allclose(a, b, atol=TOL, rtol=0), (step, (a - b).abs().max())
+    with pytest.raises(ValueError, match="selection"):
+        make_policy("keyformer", selection="frozen")
+    with pytest.raises(ValueError, match="recent window"):
+        with prefill(model, make_policy("keyformer", selection="official", recent_ratio=0.0), ids):
+            pass
+
+
+@pytest.mark.parametrize("selection", ["paper", "official"])
+def test_padded_budget_base_keeps_short_prompts_whole_until_the_cache_grows(selection):
+    """budget_base='padded': k = p * max(pad_length, n). A 24-token prompt padded to 40 at p = 0.8 gets
+    k = 32: nothing is evicted until 32 (official: 31) tokens are held, and until then the logits are the
+    stock model's; then the cache stays there."""
+    model = build("llama_gqa")
+    ids = prompt()
+    policy = make_policy("keyformer", cache_ratio=0.8, budget_base="padded", pad_length=40,
+                         selection=selection, max_new_tokens=16)
+    hold = 32 if selection == "paper" else 31
+    lengths = []
+    with prefill(model, policy, ids) as state:
+        assert int(policy.budget[0]) == 32 and policy.kv_lengths() == [PROMPT_LEN] * 2
+        ours = [state.logits.clone()]
+        for _ in range(14):
+            ours.append(decode_one_token(state).clone())
+            lengths.append(policy.kv_lengths()[0])
+        fed = state.generated[:-1]
+    assert lengths == [min(PROMPT_LEN + s + 1, hold) for s in range(14)]
+    reference = stock_logits(model, ids, fed)
+    unevicted = hold - PROMPT_LEN + 1  # steps whose attention still sees every token
+    for step in range(unevicted):
+        assert torch.allclose(ours[step], reference[step], atol=TOL, rtol=0), step
+    assert not torch.allclose(ours[-1], reference[len(ours) - 1], atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="budget_base"):
+        make_policy("h2o", budget_base="max_length")
