@@ -50,8 +50,9 @@ def find_points_file() -> Path | None:
             raise FileNotFoundError(f"KVSIM_VALIDATION_POINTS: {path} not found")
         return path
     candidates = [REPO / "docs" / "validation-points.csv", REPO / "docs" / "validation" / "points.csv",
-                  *sorted((REPO / "results").glob("validat*/points.csv"), key=lambda p: p.stat().st_mtime,
-                          reverse=True)]
+                  *sorted([*(REPO / "results").glob("validat*/points.csv"),
+                           *(REPO / "results").glob("validate-*/validation-points.csv")],   # sim.validate's default
+                          key=lambda p: p.stat().st_mtime, reverse=True)]
     return next((p for p in candidates if p.exists()), None)
 
 

@@ -58,6 +58,15 @@ def _default_slice(table: pd.DataFrame) -> dict:
                 profile=table["profile"].iloc[0])
 
 
+def context_note(t: pd.DataFrame) -> str:
+    """' (BEYOND the trained context: what-if)' when the slice's points exceed the model's trained context
+    (column exceeds_max_positions), so a plot never shows such a slice unmarked."""
+    if "exceeds_max_positions" not in t.columns or t.empty or not t["exceeds_max_positions"].any():
+        return ""
+    share = "" if t["exceeds_max_positions"].all() else " partly"
+    return f" [{share.strip() + ' ' if share else ''}BEYOND the model's trained context: a what-if]"
+
+
 def _mark_empty(ax, values) -> None:
     """Say why a panel is blank instead of leaving an empty frame."""
     v = np.asarray(values, float)
@@ -117,7 +126,7 @@ def latency_vs_cache_ratio(table: pd.DataFrame, path: Path, batch=None) -> Path:
                                    lambda f: 1e3 * f["tpot_s"].where(f["fits"]),
                                    "cache ratio (KV budget / prompt)", "mean TPOT (ms)", one_point_per_x=False)
     fig.suptitle(f"Decode latency vs cache ratio (gaps = out of memory): {fixed['model']}, batch {fixed['batch']}, "
-                 f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
+                 f"prompt {fixed['prompt']} + gen {fixed['gen']}{context_note(t)}", fontsize=10)
     return _save(fig, plt, path)
 
 
@@ -131,7 +140,7 @@ def throughput_vs_batch(table: pd.DataFrame, path: Path, ratio: float = 0.5) -> 
         plt, table, t, lambda t, dev: t[(t["hw"] == dev) & ((t["cache_ratio"] == near) | (t["policy"] == "full"))],
         "batch", lambda f: f["tokens_per_s"].where(f["fits"]), "batch (requests)", "tokens/s", log2_x=True)
     fig.suptitle(f"Throughput vs batch (evicting policies at cache ratio {near:g}; gaps = out of memory): "
-                 f"{fixed['model']}, prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
+                 f"{fixed['model']}, prompt {fixed['prompt']} + gen {fixed['gen']}{context_note(t)}", fontsize=10)
     return _save(fig, plt, path)
 
 
@@ -142,7 +151,7 @@ def max_batch_throughput_vs_cache_ratio(table: pd.DataFrame, path: Path) -> Path
     fig = _policy_lines_per_device(plt, table, t, _device_rows, "cache_ratio", lambda f: f["max_batch_tokens_per_s"],
                                    "cache ratio (KV budget / prompt)", "tokens/s at max batch")
     fig.suptitle(f"Throughput at the largest batch that fits: {fixed['model']}, "
-                 f"prompt {fixed['prompt']} + gen {fixed['gen']}", fontsize=10)
+                 f"prompt {fixed['prompt']} + gen {fixed['gen']}{context_note(t)}", fontsize=10)
     return _save(fig, plt, path)
 
 

@@ -28,7 +28,7 @@ def cli(argv, capsys):
 
 def test_small_grid_writes_table_plots_and_summary(tmp_path, capsys):
     out_dir = tmp_path / "res"
-    code, out, err = cli(SMALL + ["--out", str(out_dir)], capsys)
+    code, out, err = cli(SMALL + ["--out", str(out_dir), "--csv"], capsys)
     assert code == 0, err
     assert out.strip() == str(out_dir)
     names = {p.name for p in out_dir.iterdir()}
