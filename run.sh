@@ -20,7 +20,8 @@ install() {
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   python -m pip install -q --upgrade pip
   if [[ "$extras" == *capture* ]]; then
-    # The CPU build first: an unpinned torch would pull a multi-GB CUDA build.
+    # Pinned first: an unpinned torch may pull a newer multi-GB CUDA build. From PyPI on Linux this pin is the
+    # CUDA build too; README.md gives the CPU-only install (download.pytorch.org/whl/cpu) to run first.
     python -m pip install -q "torch==2.13.0"
   fi
   python -m pip install -q -e ".[$extras]"
