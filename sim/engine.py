@@ -23,14 +23,14 @@ import numpy as np
 import pandas as pd
 
 from hwmodels.dtypes import canonical_dtype, dtype_bytes
-from sim import kvlen
+from sim import capacity, kvlen
 from sim.models import ModelSpec, load_model
 from sim.opcost import kernel_hosts, op_costs, stream_flops
-from sim.ops import BYTE_FIELDS, FIELDS, SCORE_BYTES, Op, OpContext, dense_ops, forward_ops, group_ops
+from sim.ops import BYTE_FIELDS, FIELDS, Op, OpContext, dense_ops, forward_ops, group_ops
 from sim.profiles import CORE_OPS, PROFILES, Profile, get_profile
 
 DECODE_NODES = 9                # quadrature nodes over the decode steps when the KV length varies
-MAX_BATCH_LIMIT = 1 << 22       # search ceiling for max_batch (4M sequences)
+MAX_BATCH_LIMIT = capacity.MAX_BATCH_LIMIT
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -327,23 +327,6 @@ def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", pol
 # ----------------------------------------------------------------------------------------------------
 # Memory and capacity
 
-def _memory(s: "Setup", rows, kv_tokens, prompt):
-    """memory_bytes with resolved setup (dtype widths may be per-point arrays)."""
-    m, prof = s.model, s.profile
-    kv = rows * kv_tokens * (2 * m.n_layers * m.n_kv_heads * m.head_dim) * s.kvb
-    # policies with accumulated scores keep one fp32 score per kept token, KV head and layer
-    scores = rows * kv_tokens * (m.n_layers * m.n_kv_heads * SCORE_BYTES) if s.policy in kvlen.SCORED else 0.0
-    # one layer's activations live at a time: residual, normed input, q/k/v, MLP intermediate
-    act_per_token = (3 * m.d_model + (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
-                     + (2 if m.gated_mlp else 1) * m.d_ff) * s.ab
-    prefill_tokens = rows * prompt
-    if prof.prefill_chunk_tokens is not None:
-        prefill_tokens = np.minimum(prefill_tokens, prof.prefill_chunk_tokens)
-    workspace = prefill_tokens * act_per_token + rows * (m.vocab_size * SCORE_BYTES)
-    extra = prof.extra_memory_bytes(s, rows, kv_tokens, prompt) if prof.extra_memory_bytes is not None else 0.0
-    return m.n_params() * s.wb + kv + scores + workspace + extra
-
-
 def memory_bytes(model, batch, kv_tokens, *, prompt, beams=1, kv_dtype="bf16", weight_dtype="bf16",
                  policy="full", profile="fused", hw=None):
     """Peak device memory: weights + KV (rows x kv_tokens) + score state + prefill workspace + logits
@@ -351,33 +334,30 @@ def memory_bytes(model, batch, kv_tokens, *, prompt, beams=1, kv_dtype="bf16", w
     (sim.kvlen.peak_kv_tokens). `hw` only matters to profiles whose buffers depend on the device."""
     s = make_setup(hw if hw is not None else _NO_DEVICE, model, policy, weight_dtype, kv_dtype, profile)
     rows = np.asarray(batch, float) * np.asarray(beams, float)
-    return _memory(s, rows, np.asarray(kv_tokens, float), np.asarray(prompt, float))
-
-
-def _max_batch(s: "Setup", prompt, beams, peak_tokens):
-    """Largest batch whose peak memory fits; 0 when not even one request fits.
-
-    Memory grows monotonically with the batch, so a vectorised bisection finds it for any profile."""
-    cap = float(s.hw.memory_bytes)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, peak_tokens, s.wb, s.kvb)))
-    fits = lambda b: _memory(s, b * beams, peak_tokens, prompt) <= cap
-    lo = np.zeros(shape)
-    hi = np.full(shape, float(MAX_BATCH_LIMIT) + 1)
-    for _ in range(int(math.log2(MAX_BATCH_LIMIT)) + 2):
-        mid = np.floor((lo + hi) / 2)
-        ok = fits(np.maximum(mid, 1))
-        lo = np.where(ok, mid, lo)
-        hi = np.where(ok, hi, mid)
-    return np.where(fits(np.ones(shape)), lo, 0).astype(np.int64)
+    return capacity.memory(s, rows, np.asarray(kv_tokens, float), np.asarray(prompt, float))
 
 
 def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
               weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
-    """Largest batch (requests) whose peak memory fits the device; 0 when not even one fits."""
+    """Largest batch (requests) in the steady state of continuous batching: only the requests being
+    prefilled hold their whole prompt, the others what they keep (sim.capacity); 0 when not even one
+    request fits. `kv_peak_tokens` only matters to stacks without continuous batching."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    n = np.asarray(prompt, float)
+    peak = (kvlen.peak_kv_tokens(s.policy, n, gen, cache_ratio, model=s.model) if kv_peak_tokens is None
+            else np.asarray(kv_peak_tokens, float))
+    return capacity.max_batch_steady(s, n, np.asarray(beams, float), peak, kvlen.windowed(s.model, n),
+                                     kvlen.steady_kv_tokens(s.policy, n, gen, cache_ratio, model=s.model))
+
+
+def max_batch_all_at_once(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
+                          weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
+    """Largest batch (requests) whose peak memory fits with every request at its peak at once (a static
+    batch, or a server reserving each request's peak); 0 when not even one fits."""
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
     peak_tokens = (kvlen.peak_kv_tokens(policy, prompt, gen, cache_ratio, model=s.model) if kv_peak_tokens is None
                    else np.asarray(kv_peak_tokens, float))
-    return _max_batch(s, np.asarray(prompt, float), np.asarray(beams, float), peak_tokens)
+    return capacity.max_batch_all_at_once(s, np.asarray(prompt, float), np.asarray(beams, float), peak_tokens)
 
 
 class _NoDevice:
@@ -516,14 +496,32 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     out["kv_bytes_per_token"] = np.broadcast_to(2.0 * m.n_layers * m.n_kv_heads * m.head_dim * s.kvb, batch.shape)
     out["weight_bytes"] = np.broadcast_to(m.n_params() * s.wb, batch.shape)
     out["peak_kv_tokens"] = peak_tokens
-    out["peak_memory_bytes"] = _memory(s, batch * beams, peak_tokens, prompt)
+    out["peak_memory_bytes"] = capacity.memory(s, batch * beams, peak_tokens, prompt)
     out["fits"] = out["peak_memory_bytes"] <= float(s.hw.memory_bytes)
     if with_capacity:
-        mb = _max_batch(s, prompt, beams, peak_tokens)
-        out["max_batch"] = mb
-        at_max = _latency(s, np.maximum(mb, 1), beams, prompt, gen, cache_ratio, recent_ratio, kv_override)
-        out["max_batch_tokens_per_s"] = np.where(mb > 0, mb * gen / at_max["e2e_s"], 0.0)
-        out["max_batch_tpot_s"] = np.where(mb > 0, at_max["tpot_s"], np.nan)
+        out.update(_capacity(s, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, peak_tokens))
+    return out
+
+
+def _capacity(s: Setup, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, peak_tokens) -> dict:
+    """Max batch and saturated throughput, in the steady state of continuous batching and all at once."""
+    lat = lambda b: _latency(s, np.maximum(b, 1), beams, prompt, gen, cache_ratio, recent_ratio, kv_override)
+    every = capacity.max_batch_all_at_once(s, prompt, beams, peak_tokens)
+    at_every = lat(every)
+    out = dict(max_batch_all_at_once=every,
+               max_batch_all_at_once_tokens_per_s=np.where(every > 0, every * gen / at_every["e2e_s"], 0.0))
+    if not capacity.continuous(s):
+        steady, at_steady, per_prefill, ttft = every, at_every, np.maximum(every, 1), at_every["ttft_s"]
+    else:
+        held = (kvlen.steady_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model) if kv_override is None
+                else np.array([capacity.held_tokens_from_override(s.policy, kv_override)]))
+        steady = capacity.max_batch_steady(s, prompt, beams, peak_tokens, kvlen.windowed(s.model, prompt), held)
+        at_steady = lat(steady)
+        per_prefill = capacity.prefilling(s, np.maximum(steady, 1), prompt)
+        ttft = lat(per_prefill)["ttft_s"]
+    out["max_batch"] = steady
+    out["max_batch_tokens_per_s"] = capacity.saturated_tokens_per_s(steady, gen, per_prefill, ttft, at_steady["tpot_s"])
+    out["max_batch_tpot_s"] = np.where(steady > 0, at_steady["tpot_s"], np.nan)
     return out
 
 
@@ -573,14 +571,17 @@ class Prediction:
     e2e_s: float
     tokens_per_s: float
     peak_memory_bytes: float
-    max_batch: int
+    max_batch: int                # steady state of continuous batching (sim.capacity)
     max_batch_tokens_per_s: float
     prefill_ops: pd.DataFrame
     decode_ops: pd.DataFrame      # rows for step in {first, mean, last}; column "step"
     extra: dict = field(default_factory=dict)
+    max_batch_all_at_once: int = 0            # every request at its peak at once (static batch, reserve admission)
+    max_batch_all_at_once_tokens_per_s: float = 0.0
 
     def summary(self) -> dict:
-        keys = ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s")
+        keys = ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s",
+                "max_batch_all_at_once", "max_batch_all_at_once_tokens_per_s")
         return {k: getattr(self, k) for k in keys}
 
     def to_dict(self) -> dict:
@@ -618,4 +619,6 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
                       e2e_s=float(r["e2e_s"][0]), tokens_per_s=float(r["tokens_per_s"][0]),
                       peak_memory_bytes=float(r["peak_memory_bytes"][0]), max_batch=int(r["max_batch"][0]),
                       max_batch_tokens_per_s=float(r["max_batch_tokens_per_s"][0]),
-                      prefill_ops=prefill_ops, decode_ops=pd.concat(tables, ignore_index=True), extra=extra)
+                      prefill_ops=prefill_ops, decode_ops=pd.concat(tables, ignore_index=True), extra=extra,
+                      max_batch_all_at_once=int(r["max_batch_all_at_once"][0]),
+                      max_batch_all_at_once_tokens_per_s=float(r["max_batch_all_at_once_tokens_per_s"][0]))

@@ -79,3 +79,15 @@ def peak_kv_tokens(policy: str, prompt, gen, cache_ratio, model=None):
     if policy == "full":
         return windowed(model, n + np.asarray(gen, float))
     return windowed(model, np.maximum(n, budget(prompt, cache_ratio) + 1.0))
+
+
+def steady_kv_tokens(policy: str, prompt, gen, cache_ratio, model=None):
+    """Tokens per KV head a decoding request holds in the steady state of continuous batching, averaged
+    over its life: full attention the prompt plus what it has generated so far, n + gen/2 (the mean over
+    its gen - 1 decode steps of n + t + 1, the step's own token included); evicting policies k + 1.
+    With `model`: the mean over its layers, sliding-window layers capped at the window."""
+    check_policy(policy)
+    n = np.asarray(prompt, float)
+    if policy == "full":
+        return windowed(model, n + 0.5 * np.asarray(gen, float))
+    return windowed(model, np.minimum(n, budget(prompt, cache_ratio)) + 1.0)

@@ -238,7 +238,8 @@ def build_grid(config: GridConfig) -> pd.DataFrame:
 
 
 OUTPUT_COLUMNS = ["ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "fits", "max_batch",
-                  "max_batch_tokens_per_s", "max_batch_tpot_s", "decode_bound", "decode_kv_read_bytes",
+                  "max_batch_tokens_per_s", "max_batch_tpot_s", "max_batch_all_at_once",
+                  "max_batch_all_at_once_tokens_per_s", "decode_bound", "decode_kv_read_bytes",
                   "decode_memory_time_s", "decode_compute_time_s", "kv_bytes_per_token", "peak_kv_tokens",
                   "weight_bytes", "device_memory_bytes", "exceeds_max_positions"]
 
@@ -255,7 +256,8 @@ def evaluate(points: pd.DataFrame, progress: bool = False) -> pd.DataFrame:
     from hwmodels import load_device
     from tqdm import tqdm
     points = points.reset_index(drop=True)
-    kinds = {"fits": bool, "max_batch": np.int64, "decode_bound": object, "exceeds_max_positions": bool}
+    kinds = {"fits": bool, "max_batch": np.int64, "max_batch_all_at_once": np.int64, "decode_bound": object,
+             "exceeds_max_positions": bool}
     out = {c: np.empty(len(points), dtype=kinds.get(c, float)) for c in OUTPUT_COLUMNS}
     devices, specs = {}, {}
     groups = points.groupby(GROUP_COLUMNS, sort=False).indices

@@ -189,5 +189,6 @@ def evaluate(points: pd.DataFrame) -> pd.DataFrame:
         results.append(out)
     frame = pd.DataFrame(results, columns=sweep.OUTPUT_COLUMNS)
     dtypes = {c: float for c in sweep.OUTPUT_COLUMNS}
-    dtypes.update(fits=bool, max_batch="int64", decode_bound=str, exceeds_max_positions=bool)
+    dtypes.update(fits=bool, max_batch="int64", max_batch_all_at_once="int64", decode_bound=str,
+                  exceeds_max_positions=bool)
     return frame.astype(dtypes)

@@ -21,7 +21,8 @@ Metric definitions (what the simulator computes for the row):
                       of an operator is its time times the KV share of its bytes; cache copies (concat,
                       reorder, compaction) are all KV.
   kv_time_share       KV data-movement time / end-to-end time of the row's request
-  max_batch           the largest batch (requests) whose peak memory fits the device (Prediction.max_batch)
+  max_batch           the largest batch (requests) whose peak memory fits the device with every request at
+                      its peak at once, as a static batch runs (Prediction.max_batch_all_at_once)
 """
 from __future__ import annotations
 

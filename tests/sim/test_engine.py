@@ -184,8 +184,10 @@ def test_memory_and_max_batch(device):
     p = predict(device, m, 1, 4096, 1024, "full", 1.0)
     mem = lambda b: memory_bytes(m, b, kvlen.peak_kv_tokens("full", 4096, 1024, 1.0), prompt=4096)
     assert p.peak_memory_bytes == pytest.approx(mem(1))
-    if p.max_batch > 0:
-        assert mem(p.max_batch) <= device.memory_bytes < mem(p.max_batch + 1)
+    if p.max_batch_all_at_once > 0:      # every request at its peak at once
+        assert mem(p.max_batch_all_at_once) <= device.memory_bytes < mem(p.max_batch_all_at_once + 1)
+    # continuous batching holds more: the average request holds n + gen/2 tokens, not n + gen
+    assert p.max_batch >= p.max_batch_all_at_once
     kv_part = mem(3) - mem(2)
     assert kv_part >= (4096 + 1024) * m.kv_bytes_per_token("bf16")     # one more sequence's KV at least
     # evicting policies hold max(n, k+1) tokens: the prefill materialises the whole prompt

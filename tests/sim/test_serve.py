@@ -44,17 +44,17 @@ def test_low_qps_stream_sees_batch_one_latencies():
 def test_throughput_saturates_at_the_analytic_max_batch_capacity(policy, ratio):
     pred = engine.predict(MPT["hw"], MPT["model"], 1, 4096, 1024, policy, ratio,
                           kv_dtype="fp16", weight_dtype="fp16")
-    n = 4 * pred.max_batch
-    # reserve admission holds each request's peak, the quantity max_batch is computed from
+    n = 4 * pred.max_batch_all_at_once
+    # reserve admission holds each request's peak, the quantity max_batch_all_at_once is computed from
     burst = simulate(policy=policy, cache_ratio=ratio, qps=math.inf, requests=n, prompt=4096, gen=1024,
                      admission="reserve", **MPT)
-    assert burst.max_in_flight in (pred.max_batch, pred.max_batch + 1)  # DES workspace is one step, not a batch
-    assert burst.tokens_per_s == pytest.approx(pred.max_batch_tokens_per_s, rel=0.03)
+    assert burst.max_in_flight in (pred.max_batch_all_at_once, pred.max_batch_all_at_once + 1)  # DES workspace is one step, not a batch
+    assert burst.tokens_per_s == pytest.approx(pred.max_batch_all_at_once_tokens_per_s, rel=0.03)
     # Poisson at twice the capacity: the server saturates near the same throughput
-    capacity_qps = pred.max_batch_tokens_per_s / 1024
+    capacity_qps = pred.max_batch_all_at_once_tokens_per_s / 1024
     loaded = simulate(policy=policy, cache_ratio=ratio, qps=2 * capacity_qps, requests=n, prompt=4096, gen=1024,
                       admission="reserve", seed=3, **MPT)
-    assert loaded.tokens_per_s == pytest.approx(pred.max_batch_tokens_per_s, rel=0.06)
+    assert loaded.tokens_per_s == pytest.approx(pred.max_batch_all_at_once_tokens_per_s, rel=0.06)
     assert loaded.busy_fraction > 0.97
 
 

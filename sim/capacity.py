@@ -1,0 +1,109 @@
+"""Device memory and capacity: how many requests fit, all at once or in the steady state of continuous
+batching (docs/sim.md "Memory and capacity"). Functions of a resolved sim.engine.Setup; the public
+entries with names (memory_bytes, max_batch, ...) are in sim.engine.
+
+Two answers to "how large a batch fits":
+- all at once (`max_batch_all_at_once`): every request of the batch holds its peak at the same time
+  (the whole prompt during prefill, full attention its final n + gen). What a static batch needs, and
+  what a server that reserves each request's peak at admission (the DES's `--admission reserve`) runs.
+- steady state (`max_batch`): continuous batching with on-demand KV blocks (vLLM's PagedAttention, the
+  DES's default `--admission paged`). Only the requests being prefilled hold their whole prompt; the
+  others hold what they keep, averaged over a request's life: k + 1 for evicting policies, prompt +
+  generated so far for full attention (n + gen/2). A stack without continuous batching (a profile
+  with no prefill chunking, e.g. hf-eager's static batches) gets the all-at-once answer.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sim import kvlen
+from sim.ops import SCORE_BYTES
+
+MAX_BATCH_LIMIT = 1 << 22       # search ceiling for max_batch (4M sequences)
+
+
+def memory(s, rows, kv_tokens, prompt, prefill_rows=None):
+    """Device memory: weights + KV (rows x kv_tokens per KV head) + fp32 score state + one layer's prefill
+    activations of `prefill_rows` prompts (default: all rows) + logits + the profile's own buffers."""
+    m, prof = s.model, s.profile
+    kv = rows * kv_tokens * (2 * m.n_layers * m.n_kv_heads * m.head_dim) * s.kvb
+    # policies with accumulated scores keep one fp32 score per kept token, KV head and layer
+    scores = rows * kv_tokens * (m.n_layers * m.n_kv_heads * SCORE_BYTES) if s.policy in kvlen.SCORED else 0.0
+    # one layer's activations live at a time: residual, normed input, q/k/v, MLP intermediate
+    act_per_token = (3 * m.d_model + (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+                     + (2 if m.gated_mlp else 1) * m.d_ff) * s.ab
+    prefill_tokens = (rows if prefill_rows is None else prefill_rows) * prompt
+    if prof.prefill_chunk_tokens is not None:
+        prefill_tokens = np.minimum(prefill_tokens, prof.prefill_chunk_tokens)
+    workspace = prefill_tokens * act_per_token + rows * (m.vocab_size * SCORE_BYTES)
+    extra = prof.extra_memory_bytes(s, rows, kv_tokens, prompt) if prof.extra_memory_bytes is not None else 0.0
+    return m.n_params() * s.wb + kv + scores + workspace + extra
+
+
+def _largest(fits, shape):
+    """Largest batch b >= 1 with fits(b) (memory grows with the batch: a vectorised bisection); 0 when
+    not even one request fits."""
+    lo = np.zeros(shape)
+    hi = np.full(shape, float(MAX_BATCH_LIMIT) + 1)
+    for _ in range(int(math.log2(MAX_BATCH_LIMIT)) + 2):
+        mid = np.floor((lo + hi) / 2)
+        ok = fits(np.maximum(mid, 1))
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid)
+    return np.where(fits(np.ones(shape)), lo, 0).astype(np.int64)
+
+
+def max_batch_all_at_once(s, prompt, beams, peak_tokens):
+    """Largest batch whose requests all hold their peak (`peak_tokens`) at once."""
+    cap = float(s.hw.memory_bytes)
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, peak_tokens, s.wb, s.kvb)))
+    return _largest(lambda b: memory(s, b * beams, peak_tokens, prompt) <= cap, shape)
+
+
+def continuous(s) -> bool:
+    """Whether the stack batches continuously (admits requests as others finish, prefills a bounded
+    chunk at a time): profiles with a prefill chunk bound. Static-batch stacks (None) do not."""
+    return s.profile.prefill_chunk_tokens is not None
+
+
+def prefilling(s, batch, prompt):
+    """Requests of a steady-state batch that are being prefilled at once, holding their whole prompt: as
+    many prompts as one prefill chunk takes (at least one, at most the batch)."""
+    per_chunk = np.maximum(np.floor(float(s.profile.prefill_chunk_tokens) / np.asarray(prompt, float)), 1.0)
+    return np.minimum(np.asarray(batch, float), per_chunk)
+
+
+def steady_memory(s, batch, beams, prompt, prompt_tokens, held_tokens):
+    """Memory of a steady-state batch: the prefilling requests hold `prompt_tokens` each (the whole
+    prompt), the others `held_tokens` (what they keep, averaged over their lives); one chunk of prefill
+    activations."""
+    pre = prefilling(s, batch, prompt)
+    rows = batch * beams
+    mean_tokens = (pre * prompt_tokens + (batch - pre) * held_tokens) / np.maximum(batch, 1.0)
+    return memory(s, rows, mean_tokens, prompt, prefill_rows=pre * beams)
+
+
+def max_batch_steady(s, prompt, beams, peak_tokens, prompt_tokens, held_tokens):
+    """Largest steady-state batch under continuous batching (the all-at-once answer for static stacks)."""
+    if not continuous(s):
+        return max_batch_all_at_once(s, prompt, beams, peak_tokens)
+    cap = float(s.hw.memory_bytes)
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, prompt_tokens, held_tokens, s.wb, s.kvb)))
+    return _largest(lambda b: steady_memory(s, b, beams, prompt, prompt_tokens, held_tokens) <= cap, shape)
+
+
+def held_tokens_from_override(policy: str, kv_rows) -> float:
+    """Steady-state tokens per KV head from a trace's decode rows (layer means): the mean over the
+    request's decode steps of what each step holds, including the token it appends."""
+    return float(np.mean(kv_rows) + 1.0)
+
+
+def saturated_tokens_per_s(batch, gen, prefill_rows, ttft_at_prefill_rows, tpot_at_batch):
+    """Output tokens/s of a server holding `batch` requests, each passing once through a prefill step of
+    `prefill_rows` prompts and gen - 1 decode steps of the whole batch (prefill and decode steps
+    alternate, as the DES runs them without chunking): batch * gen / (batch / prefill_rows * TTFT +
+    (gen - 1) * TPOT)."""
+    cycle = batch / np.maximum(prefill_rows, 1.0) * ttft_at_prefill_rows + np.maximum(gen - 1.0, 0.0) * tpot_at_batch
+    return np.where(batch > 0, batch * gen / np.where(cycle > 0, cycle, 1.0), 0.0)
