@@ -25,6 +25,7 @@ from hwmodels.calibrate.hostinfo import contended
 from sim.validation.measured import find_timing_folders, load_timing
 from sim.validation.noise import noise_summary
 from sim.validation.points import collect, is_flagged, stats
+from sim.validation.published_report import build_section as published_gpu_section
 from sim.validation.references import load_references
 from sim.validation.report import (PLOT_NAME, POINTS_NAME, build_markdown, parity_plot, targets, write_points,
                                    write_report)
@@ -55,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-references", action="store_true", help="measured points only")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="flag points whose |error| exceeds this many percent (default 10)")
+    p.add_argument("--published-gpu", type=Path, default=None, metavar="CSV",
+                   help="published GPU measurements for the engine-profile section (default: "
+                        "../shared/data/gpu-published-train.csv, or $KVSIM_DATA; skipped when absent)")
+    p.add_argument("--no-published-gpu", action="store_true", help="no published-GPU (engine profile) section")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -180,6 +185,11 @@ def main(argv=None) -> int:
         points, compare = collect(refs, sources, show_progress=not args.quiet and not args.json)
         hw_notes = hardware_notes(list(points["hw"])) + [f"WARNING: {w}" for w in setting_warnings(sources)]
         markdown = build_markdown(points, compare, sources, refs, args.threshold, PLOT_NAME, hw_notes)
+        if args.published_gpu is not None and not args.published_gpu.is_file():
+            raise FileNotFoundError(f"--published-gpu {args.published_gpu}: no such file")
+        gpu = None if args.no_published_gpu else published_gpu_section(csv=args.published_gpu)
+        if gpu is not None:
+            markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(gpu.markdown)
         args.out.mkdir(parents=True, exist_ok=True)
         parity_plot(points, args.out / PLOT_NAME, args.threshold)
         write_points(points, args.out / POINTS_NAME)
@@ -188,12 +198,18 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(summary_json(points, args.threshold, path, sources)))
+        summary = summary_json(points, args.threshold, path, sources)
+        summary["published_gpu"] = gpu.summary if gpu is not None else None
+        print(json.dumps(summary))
     else:
         overall = stats(points).iloc[-1]
         flagged = int(is_flagged(points, args.threshold).sum())
         print(f"{len(points)} points, MAPE {overall.mape:.1f}%, max |error| {overall.max_error:.1f}%, "
               f"{flagged} above {args.threshold:g}%: {path}")
+        overall_gpu = (gpu.summary.get("regimes") or {}).get("overall") if gpu is not None else None
+        if overall_gpu:
+            print(f"published GPU: {overall_gpu['points']} rows, trtllm in-sample MAPE {overall_gpu['in_sample_mape']:.1f}%, "
+                  f"LOSO MAPE {overall_gpu['loso_mape']:.1f}%")
     return 0
 
 

@@ -73,6 +73,7 @@ DEFAULT_CONTEXTS = (256, 1024, 4096)
 DEFAULT_POLICIES = ("full", "keyformer:0.2", "keyformer:0.5", "keyformer:1.0")
 DEFAULT_PREFILL = (64, 256)
 STACKS = ("kvsim", "hf")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 # the HF stack's defaults: every point pays a prefill of batch x beams x context tokens, so shorter contexts
 HF_DEFAULTS = dict(batches=(1,), contexts=(256, 1024, 2048), policies=("full",), prefill=(), beams=4)
 TORCH_DTYPES = ("fp32", "bf16", "fp16")
@@ -138,6 +139,7 @@ class TimingGrid:
     seed: int = 0
     stack: str = "kvsim"     # "kvsim": keyformer/'s slot cache; "hf": transformers' generate (beam search)
     beams: int = 1
+    attn: str = "eager"      # --stack hf: transformers' attention implementation ("sdpa": its default)
 
     def __post_init__(self):
         for name in ("batches", "contexts"):
@@ -162,6 +164,10 @@ class TimingGrid:
             raise TimingError("--stack hf times transformers' own cache, which evicts nothing: --policy full only")
         if self.stack == "hf" and self.prefill_contexts:
             raise TimingError("--stack hf times decode steps only: --prefill none")
+        if self.attn not in ATTN_IMPLEMENTATIONS:
+            raise TimingError(f"--attn {self.attn!r}: choose {' or '.join(ATTN_IMPLEMENTATIONS)}")
+        if self.attn != "eager" and self.stack != "hf":
+            raise TimingError("--attn sdpa needs --stack hf (the project's policies need eager attention)")
 
     def decode_points(self) -> list[dict]:
         return [dict(phase="decode", policy=p.name, cache_ratio=p.ratio, batch=int(b), context=int(n))
@@ -177,7 +183,15 @@ class TimingGrid:
         settings = {"repeats": self.repeats, "warmup": self.warmup, "threads": self.threads,
                     "dtype": self.dtype, "device": self.device, "seed": self.seed}
         # only when not the default: folders measured before the HF stack existed keep resuming
-        return settings | ({"stack": self.stack, "beams": self.beams} if self.stack != "kvsim" else {})
+        return (settings | ({"stack": self.stack, "beams": self.beams} if self.stack != "kvsim" else {})
+                | ({"attn": self.attn} if self.attn != "eager" else {}))
+
+    @property
+    def software(self) -> str:
+        """The sim profile of the code that runs: hf (transformers defaults: sdpa, greedy), hf-eager, kvsim-eager."""
+        if self.stack != "hf":
+            return "kvsim-eager"
+        return "hf" if self.attn == "sdpa" and self.beams == 1 else "hf-eager"
 
 
 # --- configs and models ------------------------------------------------------------------------------
@@ -224,8 +238,9 @@ def tiny_config(name: str) -> dict:
     raise TimingError(f"unknown tiny model {name!r} (choose tiny-gpt2 or tiny-llama)")
 
 
-def build_model(config: dict, dtype: str, device: str, seed: int):
-    """A random-weight causal LM of this config, eager attention (the policies need probabilities)."""
+def build_model(config: dict, dtype: str, device: str, seed: int, attn: str = "eager"):
+    """A random-weight causal LM of this config, eager attention (the policies need probabilities;
+    `attn="sdpa"` for the plain transformers stack)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -235,12 +250,12 @@ def build_model(config: dict, dtype: str, device: str, seed: int):
         hf_config = AutoConfig.for_model(model_type, **fields)
     except ValueError as exc:
         raise TimingError(f"cannot build a {model_type!r} model: {str(exc).splitlines()[0]}") from None
-    hf_config._attn_implementation = "eager"
+    hf_config._attn_implementation = attn
     torch.manual_seed(seed)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     # Built directly on the device: a 7B model initialised on the CPU first would cost minutes.
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=torch_dtype)
     return model.eval()
 
 
@@ -560,7 +575,7 @@ def build_manifest(run: ModelRun, model, grid: TimingGrid, rounds: int, priority
         "schema_version": SCHEMA_VERSION, "kind": KIND,
         "model": {"name": run.name, "source": run.config.get("_source", ""), "trained": False,
                   "n_params": int(sum(p.numel() for p in model.parameters())), "spec": spec.to_dict()},
-        "hw_device": run.hw_device, "software": "hf-eager" if grid.stack == "hf" else "kvsim-eager",
+        "hw_device": run.hw_device, "software": grid.software,
         "stack": grid.stack, "beams": grid.beams, "device": grid.device, "dtype": grid.dtype,
         "seed": grid.seed,
         "grid_settings": grid.settings(),
@@ -570,7 +585,8 @@ def build_manifest(run: ModelRun, model, grid: TimingGrid, rounds: int, priority
         "env": environment(grid) | {"scheduling": priority},
         "clock": "median_s etc.: time.perf_counter wall clock (synchronised on CUDA); cpu_median_s: "
                  "time.thread_time of the calling thread",
-        "what": (f"median wall time of one beam-search step (num_beams={grid.beams}) of transformers' "
+        "what": (f"median wall time of one {'beam-search' if grid.beams > 1 else 'greedy'} step (num_beams="
+                 f"{grid.beams}, attn_implementation={grid.attn}) of transformers' "
                  "generate, between consecutive stopping-criteria calls, after a real prefill"
                  if grid.stack == "hf" else
                  "median wall time of one keyformer.generate.decode_one_token call from a synthetic_state "
@@ -591,7 +607,7 @@ def measure_round(run: ModelRun, grid: TimingGrid, rnd: int, rounds: int, progre
         return
     torch.set_num_threads(grid.threads)
     # Rebuilt every round (same seed, same weights): one model in memory at a time, whatever the grid.
-    model = build_model(run.config, grid.dtype, grid.device, grid.seed)
+    model = build_model(run.config, grid.dtype, grid.device, grid.seed, grid.attn)
     manifest = build_manifest(run, model, grid, rounds, priority)
     started, wall_before = time.time(), float(run.folder.manifest.get("wall_time_s", 0.0))
     for point in todo:
@@ -717,6 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", default="kvsim", choices=STACKS,
                    help="kvsim: the project's policies on its slot cache (default); hf: steps of transformers' "
                         "own generate with beam search (full cache), predicted with the hf-eager profile")
+    p.add_argument("--attn", default="eager", choices=ATTN_IMPLEMENTATIONS,
+                   help="--stack hf: transformers' attention implementation (sdpa = its default; with --beams 1 "
+                        "the folder is predicted under the hf profile, else hf-eager)")
     p.add_argument("--beams", type=int, default=None,
                    help=f"beam width for --stack hf (default {HF_DEFAULTS['beams']})")
     p.add_argument("--batch", type=_int_list, default=None,
@@ -838,7 +857,8 @@ def _main(argv: list[str] | None) -> int:
                               HF_DEFAULTS["prefill"] if hf else DEFAULT_PREFILL),
                           repeats=args.repeats, warmup=args.warmup, threads=args.threads, dtype=args.dtype,
                           device=args.device, seed=args.seed, stack=args.stack,
-                          beams=args.beams if args.beams is not None else (HF_DEFAULTS["beams"] if hf else 1))
+                          beams=args.beams if args.beams is not None else (HF_DEFAULTS["beams"] if hf else 1),
+                          attn=args.attn)
         if args.device != "cpu" and (args.out is None or args.hw is None):
             raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
         out = args.out if args.out is not None else (DEFAULT_HF_OUT if hf else DEFAULT_OUT)

@@ -1,0 +1,259 @@
+"""`python -m sim.fit_profiles`: fit the GPU engine profiles' named terms to published measurements.
+
+    python -m sim.fit_profiles                                   # default CSV, writes the shipped file
+    python -m sim.fit_profiles --csv ../shared/data/gpu-published-train.csv \
+        --out sim/engine_profiles/gpu-published-fit.yaml
+
+Reads the CSV (sim/validation/published_gpu.py: default `../shared/data/gpu-published-train.csv`, or
+KVSIM_DATA), keeps the single-device rows (tp = 1; multi-GPU rows are out of scope for the one-device
+model and are listed as excluded), and fits the terms of sim/profile_engines.py (TERMS: a handful, each
+bounded to a physical range, shared by every device) by bounded robust least squares (soft-L1) on
+log(predicted / measured), from the priors and a few attention-rate starts. Every row is predicted through the engine as it is now, so the
+fit is re-run on top of whatever the engine's op costs are (the file records the fit's date and the
+predictions it saw, and `sim.validate` warns when the engine has moved since).
+
+Leave-one-source-out (LOSO): for every source (a vendor document) the terms are fitted again without
+its rows and its rows are predicted with those terms; the file keeps each fold's terms so
+`python -m sim.validate` can show LOSO error beside in-sample error.
+
+An engine with no single-device rows in the CSV (vLLM here: its only rows are 8-GPU) is not fitted: its
+terms are copied from the fitted engine and marked `fitted: false` with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim import profile_engines as pe
+from sim.validation import published_gpu as pg
+
+DEFAULT_OUT = pe.FIT_FILE
+FITTED_ENGINE = "trtllm"
+MAX_ITER = 40
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line and exit code 2, as every kvsim CLI
+        raise ValueError(message)
+
+
+def _to_x(z):
+    lo = np.array([t.lo for t in pe.TERMS])
+    hi = np.array([t.hi for t in pe.TERMS])
+    return lo + (hi - lo) / (1.0 + np.exp(-z))
+
+
+def _to_z(x):
+    lo = np.array([t.lo for t in pe.TERMS])
+    hi = np.array([t.hi for t in pe.TERMS])
+    u = np.clip((np.asarray(x, float) - lo) / (hi - lo), 0.02, 0.98)
+    return np.log(u / (1.0 - u))
+
+
+def _values(x) -> dict[str, float]:
+    return {name: float(v) for name, v in zip(pe.TERM_NAMES, x)}
+
+
+def predictions(rows, values: dict, engine_name: str = FITTED_ENGINE) -> np.ndarray:
+    profile = pe.make_profile(engine_name, values, name=f"{engine_name}-fit")
+    return np.array([pg.predict_row(r, profile) for r in rows])
+
+
+# Robust loss: soft-L1 on the log error with a 5% knee (quadratic below, linear above), so a few rows the
+# physics cannot reach (e.g. an older engine version's kernels) do not drag the shared terms to the edge
+# of their ranges. Least squares runs on sign(r) * sqrt(rho(r)), whose squares sum to the loss.
+LOSS_SCALE = 0.05
+
+
+# A faint pull towards the priors (in the logistic coordinates): a term the rows do not constrain (e.g. the
+# per-head attention rate when no row runs that kernel) stays at its prior instead of wherever a start put it.
+PRIOR_WEIGHT = 1e-2
+
+
+def _residuals(rows, measured, z):
+    r = np.log(predictions(rows, _values(_to_x(z))) / measured)
+    rho = 2.0 * (np.sqrt(1.0 + (r / LOSS_SCALE) ** 2) - 1.0) * LOSS_SCALE ** 2
+    pull = PRIOR_WEIGHT * (z - _to_z([pe.prior_values()[n] for n in pe.TERM_NAMES]))
+    return np.concatenate([np.sign(r) * np.sqrt(rho), pull])
+
+
+def fit_terms(rows, start: dict | None = None) -> dict[str, float]:
+    """Bounded least squares (Levenberg-Marquardt in a logistic reparametrisation of each term's
+    bounds) on log(predicted / measured); deterministic. Without `start`: from the priors and from the
+    middle of every term's range, keeping the better (priors at a bound leave terms the rows barely
+    see at first stuck there)."""
+    if not rows:
+        raise ValueError("no rows to fit")
+    if start is not None:
+        return _descend(rows, _to_z([start[n] for n in pe.TERM_NAMES]))[1]
+    fits = [_descend(rows, z0) for z0 in start_points()]
+    return min(fits, key=lambda f: f[0])[1]
+
+
+# The decode-attention rate has two basins on the published rows (compute-bound Mistral rows explained by
+# the attention kernel, or by overheads): descend from the priors and from the middle of every range with
+# the attention rate at a few levels of its range, keep the best. Every LOSO fold runs the same starts.
+ATTENTION_STARTS = (0.05, 0.15, 0.4)
+
+
+def start_points() -> list[np.ndarray]:
+    prior = pe.prior_values()
+    starts = [_to_z([prior[n] for n in pe.TERM_NAMES])]
+    for level in ATTENTION_STARTS:     # overheads at their priors, efficiencies inside their ranges
+        x = dict(prior, gemm_eff=0.8, fp8_gemm_eff=0.8, attn_fp8_kv_eff=0.8, attn_core_eff=level)
+        starts.append(_to_z([x[n] for n in pe.TERM_NAMES]))
+    return starts
+
+
+def _descend(rows, z) -> tuple[float, dict[str, float]]:
+    measured = np.array([r.value for r in rows])
+    r = _residuals(rows, measured, z)
+    cost, lam = float(r @ r), 1e-2
+    for _ in range(MAX_ITER):
+        h = 1e-4
+        jac = np.empty((len(r), len(z)))
+        for j in range(len(z)):
+            dz = z.copy()
+            dz[j] += h
+            jac[:, j] = (_residuals(rows, measured, dz) - r) / h
+        g, a = jac.T @ r, jac.T @ jac
+        improved = False
+        for _ in range(8):
+            # Marquardt damping with a floor (terms the rows barely see must not take huge steps), and
+            # steps of at most 2 in the logistic coordinates
+            damp = np.diag(a) + 1e-3 * max(float(np.max(np.diag(a))), 1e-12)
+            step = np.linalg.solve(a + lam * np.diag(damp), -g)
+            step *= min(1.0, 2.0 / max(float(np.max(np.abs(step))), 1e-12))
+            z_new = np.clip(z + step, -12, 12)
+            r_new = _residuals(rows, measured, z_new)
+            c_new = float(r_new @ r_new)
+            if c_new < cost:
+                improved = cost - c_new > 1e-10 * max(cost, 1e-12)
+                z, r, cost, lam = z_new, r_new, c_new, max(lam / 3, 1e-7)
+                break
+            lam *= 4
+        if not improved:
+            break
+    return cost, _values(_to_x(z))
+
+
+def _mape(pred, measured) -> float:
+    return float(np.mean(np.abs(pred - measured) / measured) * 100)
+
+
+def run_fit(csv: Path) -> dict:
+    rows = pg.load_rows(csv)
+    fit_rows = pg.in_scope(rows, FITTED_ENGINE)
+    if len(fit_rows) < len(pe.TERMS) + 1:
+        raise ValueError(f"{csv}: {len(fit_rows)} single-device {FITTED_ENGINE} rows, need more than "
+                         f"{len(pe.TERMS)} (one per term)")
+    measured = np.array([r.value for r in fit_rows])
+    terms = fit_terms(fit_rows)
+    in_sample = predictions(fit_rows, terms)
+    folds, loso_pred = {}, np.empty(len(fit_rows))
+    sources = list(dict.fromkeys(r.source for r in fit_rows))
+    for source in sources:
+        train = [r for r in fit_rows if r.source != source]
+        fold = fit_terms(train)          # the same starts as the full fit: nothing of the held-out rows
+        folds[source] = {k: round(v, 9) for k, v in fold.items()}
+        idx = [i for i, r in enumerate(fit_rows) if r.source == source]
+        loso_pred[idx] = predictions([fit_rows[i] for i in idx], fold)
+    return dict(rows=rows, fit_rows=fit_rows, measured=measured, terms=terms, in_sample=in_sample, folds=folds,
+                loso=loso_pred)
+
+
+def _term_entries(values: dict, source: str) -> dict:
+    return {t.name: {"value": round(values[t.name], 9), "unit": t.unit, "bounds": [t.lo, t.hi],
+                     "prior": t.prior, "prior_source": t.prior_source, "meaning": t.meaning, "source": source}
+            for t in pe.TERMS}
+
+
+def build_document(result: dict, csv: Path, command: str) -> dict:
+    fit_rows, rows = result["fit_rows"], result["rows"]
+    csv_label = pg.display_path(csv)
+    fitted_source = (f"fitted by `{command}` to {len(fit_rows)} single-device {FITTED_ENGINE} rows of {csv_label} "
+                     f"(sha256 {pg.file_sha256(csv)[:16]})")
+    engines = {FITTED_ENGINE: {"fitted": True, "rows": len(fit_rows), "terms": _term_entries(result["terms"], fitted_source),
+                               "loso_folds": result["folds"]}}
+    for engine_name in pe.ENGINES:
+        if engine_name == FITTED_ENGINE:
+            continue
+        own = pg.in_scope(rows, engine_name)
+        reason = (f"not fitted: {csv_label} has {len(own)} single-device {engine_name} rows "
+                  f"({sum(r.engine == engine_name for r in rows)} in all, multi-GPU); values copied from the "
+                  f"{FITTED_ENGINE} fit (same devices and kernel classes: an assumption, not a measurement)")
+        engines[engine_name] = {"fitted": False, "rows": len(own), "reason": reason,
+                                "terms": _term_entries(result["terms"], reason)}
+    excluded = [{"row": r.index, "id": r.id, "why": r.scope} for r in rows if r.scope != "single-device"]
+    per_row = [{"row": r.index, "id": r.id, "source": r.source, "regime": r.regime, "measured": r.value,
+                "in_sample": round(float(p), 6), "loso": round(float(q), 6)}
+               for r, p, q in zip(fit_rows, result["in_sample"], result["loso"])]
+    return {
+        "schema_version": 1,
+        "kind": "kvsim-engine-profiles",
+        "fit": {"command": command, "csv": csv_label, "csv_sha256": pg.file_sha256(csv),
+                "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "objective": "soft-L1 loss (5% knee) on log(predicted / measured), terms bounded (logistic "
+                             "reparametrisation), Levenberg-Marquardt from the priors and 3 attention-rate starts",
+                "rows_fitted": len(fit_rows), "rows_excluded": excluded,
+                "in_sample_mape_pct": round(_mape(result["in_sample"], result["measured"]), 3),
+                "loso_mape_pct": round(_mape(result["loso"], result["measured"]), 3)},
+        "engines": engines,
+        "predictions": per_row,
+    }
+
+
+def write_document(doc: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    header = ("# Engine profiles fitted to published GPU measurements: written by python -m sim.fit_profiles\n"
+              "# (do not edit by hand; re-run the command in `fit.command`). Terms: sim/profile_engines.py.\n")
+    tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
+    os.replace(tmp, out)
+
+
+def build_parser():
+    p = _Parser(prog="python -m sim.fit_profiles",
+                description="Fit the trtllm/vllm engine profiles' terms to published GPU measurements.")
+    p.add_argument("--csv", type=Path, default=None,
+                   help=f"published measurements (default: {pg.display_path(pg.default_csv())}, or $KVSIM_DATA/"
+                        f"{pg.CSV_NAME})")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"profile file to write (default: {pg.display_path(DEFAULT_OUT)})")
+    p.add_argument("--quiet", action="store_true", help="no summary on stdout")
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        csv = args.csv if args.csv is not None else pg.default_csv()
+        if args.out.exists() and args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a folder; give the profile file's path")
+        if not args.out.parent.exists():
+            raise ValueError(f"--out: folder {args.out.parent} does not exist")
+        result = run_fit(csv)
+        command = "python -m sim.fit_profiles --csv " + pg.display_path(csv)
+        if args.out.resolve() != DEFAULT_OUT.resolve():
+            command += " --out " + str(args.out)
+        doc = build_document(result, csv, command)
+        write_document(doc, args.out)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        fit = doc["fit"]
+        terms = ", ".join(f"{k}={v['value']:.4g}" for k, v in doc["engines"][FITTED_ENGINE]["terms"].items())
+        print(f"{fit['rows_fitted']} rows: in-sample MAPE {fit['in_sample_mape_pct']:.1f}%, "
+              f"LOSO MAPE {fit['loso_mape_pct']:.1f}%; {terms}: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

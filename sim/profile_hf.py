@@ -1,0 +1,71 @@
+"""`hf`: plain Hugging Face transformers as most people run it (transformers 5 defaults).
+
+`model.generate(...)` with the default attention (`attn_implementation="sdpa"`), the default cache
+(DynamicCache) and greedy decoding, read off transformers 5.24's code:
+  - attention      one `torch.nn.functional.scaled_dot_product_attention` call per layer (a fused
+                   kernel: the logits never go through memory, no fp32 upcast, no additive mask at
+                   decode: sdpa_mask returns None when a causal mask can be skipped); grouped-query
+                   models run it on the KV heads (`enable_gqa` / `pack_gqa` in
+                   transformers/integrations/sdpa_attention.py): no repeat_kv copies;
+  - cache_concat   DynamicCache grows by `torch.cat([keys, new], dim=-2)` for K and V in every layer
+                   every step (DynamicLayer.update): the whole cache is read and written again into
+                   newly allocated tensors (fresh pages on CPUs whose file has a fresh_alloc table);
+  - greedy         argmax of the last position's logits (logits_to_keep=1: the LM head runs on one
+                   position, at prefill too); no beam reorder;
+  - eager_glue     the modeling code's own elementwise kernels (norm internals, RoPE, activation,
+                   residual adds), as hf-eager counts them (sim/profile_hf_eager.GLUE);
+  - generate_step  the per-step work of generate() outside the layers (embedding, rotary tables, cache
+                   position, logits processors, argmax, stopping criteria, input-id and mask growth):
+                   HF_STEP_LAUNCHES top-level calls (counted, see below).
+Launches are top-level eager calls (`eager=True`: the device's calibrated eager_call_overhead_s).
+No fitted term: the profile is operators and counts; its CPU check is `traces.timing --stack hf
+--attn sdpa --beams 1` (docs/validation.md).
+"""
+from __future__ import annotations
+
+from sim.ops import Op, OpContext
+from sim.profile_hf_eager import EAGER_LAUNCHES, _kv_bytes, _keys, eager_glue
+from sim.profiles import Profile, register_profile
+
+# Top-level aten calls of one greedy generate() step (aten ops without an aten parent), counted with
+# torch.profiler on 2- and 4-layer tiny random models (hidden 64; never a validation shape; transformers
+# 5.24, sdpa, DynamicCache, batch 2, 32-token prompt; benchmarks/hf_launch_count.py): llama-GQA 55
+# per layer and 54 outside the layers, gpt2 39 and 42. The core operators, cache_concat and the LM head
+# count their own launches (12 per layer; embed, final norm, LM head 3 per step); the rest is here.
+# Only counts are taken; the time per call is the hardware file's eager_call_overhead.
+HF_GLUE_LAUNCHES = {"llama": 43, "mistral": 43, "qwen2": 43, "gpt2": 27}
+HF_STEP_LAUNCHES = {"llama": 51, "mistral": 51, "qwen2": 51, "gpt2": 39}
+HF_DEFAULT_STEP_LAUNCHES = 51
+
+SDPA_LAUNCHES = {**EAGER_LAUNCHES, "attn_scores": 1, "softmax": 0, "attn_v": 0, "kv_write": 0}
+
+
+def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
+    m = ctx.model
+    past, keys = ctx.past_tokens, _keys(ctx)
+    return [
+        # DynamicLayer.update: torch.cat for K and V of every layer; the outputs are new tensors
+        Op("cache_concat", True, kv_read_bytes=_kv_bytes(ctx, past), kv_write_bytes=_kv_bytes(ctx, keys),
+           launches=2, fresh_tensor_bytes=_kv_bytes(ctx, keys) / 2),
+        eager_glue(ctx, HF_GLUE_LAUNCHES.get(m.model_type)),
+        Op("generate_step", False, act_bytes=ctx.rows * m.d_model * ctx.ab,
+           launches=HF_STEP_LAUNCHES.get(m.model_type, HF_DEFAULT_STEP_LAUNCHES)),
+    ]
+
+
+def hf_sdpa_prefill_ops(ctx: OpContext) -> list[Op]:
+    return [eager_glue(ctx, HF_GLUE_LAUNCHES.get(ctx.model.model_type))]
+
+
+HF = register_profile(Profile(
+    name="hf",
+    description="Hugging Face transformers defaults (5.x): SDPA attention (fused, native GQA: no repeat_kv), "
+                "DynamicCache growth by torch.cat per layer per step, greedy decoding, eager glue kernels "
+                "(sim/profile_hf.py)",
+    launches=SDPA_LAUNCHES,
+    materialise_scores=False,
+    prefill_chunk_tokens=None,
+    extra_decode_ops=hf_sdpa_decode_ops,
+    extra_prefill_ops=hf_sdpa_prefill_ops,
+    eager=True,
+))

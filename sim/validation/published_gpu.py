@@ -1,0 +1,259 @@
+"""Published GPU measurements (vendors' tables) as fit and validation rows for the engine profiles.
+
+The CSV (default `../shared/data/gpu-published-train.csv` next to the repository, or `KVSIM_DATA`;
+its README gives the sources) holds one measured number per row: source, hw, model, stack, dtypes,
+tp, batch, prompt, gen, metric, value. This module maps a row onto the simulator's names, says which
+rows the single-device model covers (tp = 1: multi-GPU rows are out of scope here, another issue
+covers tensor parallelism), assigns each row one regime, and predicts its metric under a profile.
+
+Metrics:
+  out_tok_per_s  fixed batch: batch x gen / end-to-end time of the whole batch (engine.evaluate's
+                 tokens_per_s). batch "dynamic" (in-flight batching at maximum load): the steady state
+                 below.
+  ttft_ms        prefill of the batch, first token (engine ttft_s).
+  e2e_latency_s  whole-batch end-to-end time.
+
+Steady state of in-flight batching at saturation (TensorRT-LLM's trtllm-bench at infinite request
+rate): the scheduler admits requests while their whole reservation fits the KV pool
+(GUARANTEED_NO_EVICT, TensorRT-LLM's default capacity policy, reserves prompt + gen tokens), the pool is
+KV_POOL_FRACTION of the memory left after the weights (KvCacheConfig.free_gpu_memory_fraction default
+0.9), at most MAX_BATCH_SIZE requests run at once. B requests of n + T tokens then cost, per
+generation of B requests, T decode steps at batch B over the mean held context n + T/2 plus B prompt
+prefills packed into steps of at most MAX_NUM_TOKENS tokens.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim import engine
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CSV_NAME = "gpu-published-train.csv"
+COLUMNS = ("source", "hw", "model", "stack", "weight_dtype", "kv_dtype", "tp", "batch", "prompt", "gen", "metric",
+           "value", "notes")
+METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s")
+REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
+
+# Published SKU names -> hardware files (hwmodels/devices); the A100 of TRT090 is taken to be the SXM
+# 80 GB part (the CSV's README: "assumed").
+HW_PREFIXES = (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("L40S", "l40s"), ("A100", "a100-80g-sxm"),
+               ("MI300X", "mi300x"))
+# HF model names -> shipped model specs (sim/models). Llama-3.1-8B has Llama-3-8B's shapes (same
+# layers, heads, widths, vocabulary).
+MODELS = {
+    "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1",
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/Llama-2-13b-hf": "llama-2-13b",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    "EleutherAI/gpt-j-6b": "gpt-j-6b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3-8b",
+}
+# TensorRT-LLM defaults for the steady state (see the module docstring): KvCacheConfig
+# free_gpu_memory_fraction = 0.9; BuildConfig max_batch_size = 2048, max_num_tokens = 8192.
+KV_POOL_FRACTION = 0.9
+MAX_BATCH_SIZE = 2048
+MAX_NUM_TOKENS = 8192
+
+
+def data_dir() -> Path:
+    """KVSIM_DATA, else `../shared/data` next to the repository (never one machine's path)."""
+    env = os.environ.get("KVSIM_DATA")
+    return Path(env).expanduser().resolve() if env else (REPO_ROOT.parent / "shared" / "data").resolve()
+
+
+def default_csv() -> Path:
+    return data_dir() / CSV_NAME
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def display_path(path: Path) -> str:
+    """A path relative to the repository's parent when under it (`../shared/data/...`), else as given."""
+    path = Path(path).resolve()
+    try:
+        return str(Path("..") / path.relative_to(REPO_ROOT.parent))
+    except ValueError:
+        return str(path)
+
+
+@dataclass(frozen=True)
+class Row:
+    index: int              # line in the CSV (1 = first data row)
+    source: str
+    hw_label: str
+    model_label: str
+    stack: str
+    engine: str             # "trtllm" | "vllm" | "nim"
+    hw: str | None          # hardware file, None when none is shipped
+    model: str | None
+    weight_dtype: str
+    kv_dtype: str
+    tp: int
+    batch: int | None       # None: in-flight batching at maximum load ("dynamic")
+    prompt: int
+    gen: int
+    metric: str
+    value: float
+    regime: str
+    scope: str              # "single-device" or why the row is out of scope
+
+    @property
+    def id(self) -> str:
+        b = "dyn" if self.batch is None else f"b{self.batch}"
+        return f"{self.source}/{self.hw}/{self.model}/{b}/{self.prompt}+{self.gen}/{self.metric}"
+
+
+def _engine(stack: str) -> str:
+    s = stack.lower()
+    if "vllm" in s:
+        return "vllm"
+    if "nim" in s:
+        return "nim"
+    return "trtllm"
+
+
+def _dtype(text: str) -> str:
+    return text.split()[0].strip().lower() if text.strip() else ""
+
+
+def _int(text: str, what: str, where: str) -> int:
+    head = text.strip().split()[0] if text.strip() else ""
+    try:
+        return int(head)
+    except ValueError:
+        raise ValueError(f"{where}: {what} {text!r} is not an integer") from None
+
+
+def regime_of(metric: str, batch: int | None, prompt: int, gen: int, gqa: bool) -> str:
+    """One regime per row, first match wins:
+    prefill-ttft (TTFT of a prompt >= 1024, or a throughput row of >= 1024-token prompts and <= 128
+    generated tokens: prefill-bound), long-context (prompt + gen >= 4096), batch-1, gqa-large-batch
+    (grouped-query model), large-batch-decode."""
+    if (metric == "ttft_ms" and prompt >= 1024) or (metric != "ttft_ms" and prompt >= 1024 and gen <= 128):
+        return "prefill-ttft"
+    if prompt + gen >= 4096:
+        return "long-context"
+    if batch == 1:
+        return "batch-1"
+    return "gqa-large-batch" if gqa else "large-batch-decode"
+
+
+def load_rows(path: Path | str | None = None) -> list[Row]:
+    """All rows of the CSV (in scope or not); one-line errors naming the file and row."""
+    path = Path(path) if path is not None else default_csv()
+    if not path.is_file():
+        raise FileNotFoundError(f"published GPU measurements {path} not found (set KVSIM_DATA or pass --csv)")
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    if not len(table):
+        raise ValueError(f"{path}: no rows")
+    from sim.models import load_model
+    rows = []
+    for i, r in enumerate(table.to_dict("records"), start=1):
+        where = f"{path.name} row {i}"
+        metric = r["metric"].strip()
+        if metric not in METRICS:
+            raise ValueError(f"{where}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
+        try:
+            value = float(r["value"])
+        except ValueError:
+            raise ValueError(f"{where}: value {r['value']!r} is not a number") from None
+        if not value > 0:
+            raise ValueError(f"{where}: value must be positive, got {value:g}")
+        tp = _int(r["tp"], "tp", where)
+        batch = None if r["batch"].strip().lower() == "dynamic" else _int(r["batch"], "batch", where)
+        prompt, gen = _int(r["prompt"], "prompt", where), _int(r["gen"], "gen", where)
+        hw = next((name for prefix, name in HW_PREFIXES if r["hw"].strip().upper().startswith(prefix)), None)
+        model = MODELS.get(r["model"].strip())
+        gqa = model is not None and load_model(model).attention != "MHA"
+        scope = "single-device"
+        if tp != 1:
+            scope = f"tp={tp}: multi-GPU, out of scope for the single-device model"
+        elif hw is None:
+            scope = f"no hardware file for {r['hw']!r}"
+        elif model is None:
+            scope = f"no model spec for {r['model']!r}"
+        rows.append(Row(index=i, source=r["source"].strip(), hw_label=r["hw"].strip(), model_label=r["model"].strip(),
+                        stack=r["stack"].strip(), engine=_engine(r["stack"]), hw=hw, model=model,
+                        weight_dtype=_dtype(r["weight_dtype"]), kv_dtype=_dtype(r["kv_dtype"]), tp=tp, batch=batch,
+                        prompt=prompt, gen=gen, metric=metric, value=value,
+                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope))
+    return rows
+
+
+def in_scope(rows: list[Row], engine_name: str | None = None) -> list[Row]:
+    return [r for r in rows if r.scope == "single-device" and (engine_name is None or r.engine == engine_name)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Predictions
+
+def _static(row: Row, profile) -> float:
+    out = engine.evaluate(row.hw, row.model, "full", batch=row.batch, prompt=row.prompt, gen=row.gen,
+                          kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype, profile=profile, with_capacity=False)
+    if row.metric == "ttft_ms":
+        return float(out["ttft_s"][0]) * 1e3
+    if row.metric == "e2e_latency_s":
+        return float(out["e2e_s"][0])
+    return float(out["tokens_per_s"][0])
+
+
+def steady_state_batch(row: Row) -> int:
+    """Requests in flight at saturation: the KV pool over each request's reservation (prompt + gen)."""
+    from sim.models import load_model
+    m = load_model(row.model)
+    device = engine.resolve_device(row.hw)
+    pool = KV_POOL_FRACTION * (float(device.memory_bytes) - m.weight_bytes(row.weight_dtype))
+    per_request = m.kv_bytes_per_token(row.kv_dtype) * (row.prompt + row.gen)
+    return int(max(min(MAX_BATCH_SIZE, math.floor(pool / per_request)), 1))
+
+
+def _prefill_per_request(row: Row, profile) -> float:
+    """Prefill time per request with prompts packed into steps of at most MAX_NUM_TOKENS tokens."""
+    kw = dict(weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype, policy="full", profile=profile)
+    n = row.prompt
+    if n <= MAX_NUM_TOKENS:
+        per_step = max(MAX_NUM_TOKENS // n, 1)
+        return engine.prefill_time(row.hw, row.model, [(n, 0)] * per_step, **kw) / per_step
+    total, done = 0.0, 0
+    while done < n:
+        chunk = min(MAX_NUM_TOKENS, n - done)
+        total += engine.prefill_time(row.hw, row.model, [(chunk, done, done + chunk >= n)], **kw)
+        done += chunk
+    return total
+
+
+def _dynamic(row: Row, profile) -> float:
+    b = steady_state_batch(row)
+    decode = engine.decode_step_time(row.hw, row.model, np.full(b, row.prompt + row.gen / 2.0),
+                                     weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype, policy="full",
+                                     profile=profile)
+    period = row.gen * decode + b * _prefill_per_request(row, profile)
+    if row.metric != "out_tok_per_s":
+        raise ValueError(f"row {row.index}: in-flight batching rows support out_tok_per_s only")
+    return b * row.gen / period
+
+
+def predict_row(row: Row, profile) -> float:
+    """The simulator's value of the row's metric under `profile` (a name or a Profile)."""
+    if row.scope != "single-device":
+        raise ValueError(f"row {row.index} ({row.id}) is out of scope: {row.scope}")
+    return _dynamic(row, profile) if row.batch is None else _static(row, profile)
+
+
+def error_pct(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured * 100.0

@@ -1,0 +1,156 @@
+"""The published-GPU section of `python -m sim.validate`: engine profiles against vendors' measurements.
+
+Every single-device row of the published CSV (sim/validation/published_gpu.py) is predicted twice on
+the engine as it is now: with the terms of the shipped profile file (in-sample: those terms were fitted
+to these rows) and with the terms fitted without the row's source (leave-one-source-out, LOSO: the
+file keeps one set of terms per source). LOSO beside in-sample shows over-fitting; the targets are
+stated on LOSO. The file's own predictions are compared with today's: when the engine's op costs have
+moved since the fit, the section says so (re-run `python -m sim.fit_profiles`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim import profile_engines as pe
+from sim.validation import published_gpu as pg
+
+LOSO_TARGET_OVERALL = 10.0
+LOSO_TARGET_REGIME = 15.0
+STALE_PCT = 0.5            # in-sample predictions moved by more than this since the fit: stale
+# The issue's examples (issue 13): TensorRT-LLM v0.9.0, Mistral-7B, batch 120, 128 + 2048, FP8.
+EXAMPLES = ("TRT090/h200-sxm/mistral-7b-v0.1/b120/128+2048/out_tok_per_s",
+            "TRT090/h100-sxm/mistral-7b-v0.1/b120/128+2048/out_tok_per_s")
+GPU_RUN_NOTE = ("No GPU run entered this report: no GPU was lent to this session (issue 13 part 5); "
+                "`traces/gpu/` holds the script to run when one is.")
+
+
+@dataclass
+class Section:
+    markdown: list[str]
+    summary: dict = field(default_factory=dict)
+    table: pd.DataFrame | None = None
+
+
+def _stats(df: pd.DataFrame, column: str) -> dict:
+    err = df[column].abs()
+    return {"points": int(len(df)), "mape": round(float(err.mean()), 3), "max_error": round(float(err.max()), 3)}
+
+
+def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = None) -> tuple[pd.DataFrame, dict, list]:
+    data = pe.read_fit_file(fit_file)
+    engine_name = "trtllm"
+    terms = pe.engine_values(data, engine_name, fit_file)
+    folds = data["engines"][engine_name].get("loso_folds") or {}
+    rows = pg.load_rows(csv)
+    scoped = pg.in_scope(rows, engine_name)
+    profile = pe.make_profile(engine_name, terms, name=f"{engine_name}-in-sample")
+    fold_profiles = {s: pe.make_profile(engine_name, pe.check_values(v, f"{fit_file}: loso fold {s}"),
+                                        name=f"{engine_name}-loso-{s}") for s, v in folds.items()}
+    stored = {p["id"]: p for p in data.get("predictions", [])}
+    out = []
+    for r in scoped:
+        pred = pg.predict_row(r, profile)
+        fold = fold_profiles.get(r.source)
+        loso = pg.predict_row(r, fold) if fold is not None else np.nan
+        fused = pg.predict_row(r, "fused")
+        then = stored.get(r.id, {}).get("in_sample")
+        out.append(dict(id=r.id, source=r.source, regime=r.regime, hw=r.hw, model=r.model, metric=r.metric,
+                        batch="dynamic" if r.batch is None else r.batch, prompt=r.prompt, gen=r.gen, measured=r.value,
+                        predicted=pred, error_pct=pg.error_pct(pred, r.value), loso=loso,
+                        loso_error_pct=pg.error_pct(loso, r.value), fused_error_pct=pg.error_pct(fused, r.value),
+                        moved_pct=np.nan if then is None else pg.error_pct(pred, then)))
+    excluded = [r for r in rows if r not in scoped]
+    return pd.DataFrame(out), data, excluded
+
+
+def _fmt(v, digits=1) -> str:
+    return "-" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:+.{digits}f}"
+
+
+def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = None) -> Section:
+    csv_path = Path(csv) if csv is not None else pg.default_csv()
+    head = ["## Published GPU measurements (engine profiles)", ""]
+    if not csv_path.is_file():
+        return Section(head + [f"Skipped: the published CSV {pg.display_path(csv_path)} is not here (set KVSIM_DATA "
+                               "or pass --published-gpu); the profiles themselves ship in "
+                               f"{pg.display_path(Path(fit_file))}.", "", GPU_RUN_NOTE, ""],
+                       {"skipped": f"{pg.display_path(csv_path)} not found"})
+    table, data, excluded = evaluate_rows(fit_file, csv_path)
+    fit = data.get("fit", {})
+    lines = head + [
+        f"Rows: {len(table)} single-device TensorRT-LLM rows of {fit.get('csv', pg.display_path(csv_path))} "
+        f"(sha256 {str(fit.get('csv_sha256', ''))[:16]}), predicted under the `trtllm` profile of "
+        f"{pg.display_path(Path(fit_file))}, fitted {fit.get('date', '?')} by `{fit.get('command', '?')}`. "
+        "In-sample: the file's terms (fitted to all these rows); LOSO: each row predicted with the terms fitted "
+        "without its source's rows. Fused: the ideal `fused` profile, for scale. "
+        f"Targets: LOSO MAPE <= {LOSO_TARGET_OVERALL:g}% overall and <= {LOSO_TARGET_REGIME:g}% in every regime.", ""]
+    csv_now = pg.file_sha256(csv_path)
+    if fit.get("csv_sha256") and fit["csv_sha256"] != csv_now:
+        lines += [f"WARNING: the CSV's content (sha256 {csv_now[:16]}) is not what the profiles were fitted to: "
+                  "re-run the fit command.", ""]
+    moved = table["moved_pct"].abs().max()
+    stale = bool(np.isfinite(moved) and moved > STALE_PCT)
+    if stale:
+        lines += [f"WARNING: predictions with the file's terms moved by up to {moved:.1f}% since the fit (the engine's "
+                  "op costs changed): the terms below are stale, re-run the fit command.", ""]
+    regimes = [g for g in pg.REGIMES if g in set(table["regime"])]
+    rows_out, summary_regimes = [], {}
+    for group in regimes + ["overall"]:
+        df = table if group == "overall" else table[table["regime"] == group]
+        ins, lo, fu = _stats(df, "error_pct"), _stats(df, "loso_error_pct"), _stats(df, "fused_error_pct")
+        target = LOSO_TARGET_OVERALL if group == "overall" else LOSO_TARGET_REGIME
+        status = "PASS" if lo["mape"] <= target else "FAIL"
+        summary_regimes[group] = {"points": ins["points"], "in_sample_mape": ins["mape"], "in_sample_max": ins["max_error"],
+                                  "loso_mape": lo["mape"], "loso_max": lo["max_error"], "fused_mape": fu["mape"],
+                                  "target_loso_mape": target, "status": status}
+        rows_out.append(f"| {group} | {ins['points']} | {ins['mape']:.1f} | {ins['max_error']:.1f} | {lo['mape']:.1f} | "
+                        f"{lo['max_error']:.1f} | {fu['mape']:.1f} | <= {target:g} | {status} |")
+    lines += ["| regime | rows | in-sample MAPE % | in-sample max % | LOSO MAPE % | LOSO max % | fused MAPE % | "
+              "target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, ""]
+    # per source: LOSO is "fit without this source, predict it"
+    lines += ["| source (left out) | rows | in-sample MAPE % | LOSO MAPE % | LOSO max % |", "|---|---|---|---|---|"]
+    by_source = {}
+    for source, df in table.groupby("source", sort=False):
+        ins, lo = _stats(df, "error_pct"), _stats(df, "loso_error_pct")
+        by_source[source] = {"points": ins["points"], "in_sample_mape": ins["mape"], "loso_mape": lo["mape"],
+                             "loso_max": lo["max_error"]}
+        lines.append(f"| {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | {lo['max_error']:.1f} |")
+    lines.append("")
+    terms = data["engines"]["trtllm"]["terms"]
+    lines += ["Fitted terms (`trtllm`; shared by every device; bounds are physical ranges, sim/profile_engines.py):", "",
+              "| term | value | bounds | meaning |", "|---|---|---|---|"]
+    for name, t in terms.items():
+        lines.append(f"| {name} | {float(t['value']):.4g} {t.get('unit', '')} | {t.get('bounds')} | {t.get('meaning', '')} |")
+    lines.append("")
+    for engine_name, entry in data["engines"].items():
+        if not entry.get("fitted", True):
+            lines += [f"`{engine_name}`: {entry.get('reason', 'not fitted')}.", ""]
+    examples = table[table["id"].isin(EXAMPLES)]
+    if len(examples):
+        lines += ["The issue's examples (TensorRT-LLM v0.9.0, Mistral-7B, batch 120, 128 + 2048, output tokens/s):", ""]
+        for e in examples.itertuples():
+            lines.append(f"- {e.hw}: measured {e.measured:,.0f}, trtllm {e.predicted:,.0f} ({_fmt(e.error_pct)}%), "
+                         f"LOSO {e.loso:,.0f} ({_fmt(e.loso_error_pct)}%), fused {_fmt(e.fused_error_pct)}%")
+        lines.append("")
+    lines += ["| row | regime | measured | trtllm | error % | LOSO | LOSO error % | fused error % |",
+              "|---|---|---|---|---|---|---|---|"]
+    order = table.reindex(table["loso_error_pct"].abs().sort_values(ascending=False).index)
+    for r in order.itertuples():
+        lines.append(f"| {r.id} | {r.regime} | {r.measured:.4g} | {r.predicted:.4g} | {_fmt(r.error_pct)} | "
+                     f"{r.loso:.4g} | {_fmt(r.loso_error_pct)} | {_fmt(r.fused_error_pct)} |")
+    lines.append("")
+    if excluded:
+        lines += ["Excluded from fit and check (out of scope for the single-device model; tensor parallelism is "
+                  "another issue's): " + "; ".join(f"row {r.index} {r.source} {r.model_label} on {r.hw_label} "
+                                                    f"({r.scope})" for r in excluded) + ".", ""]
+    lines += [GPU_RUN_NOTE, ""]
+    summary = {"rows": int(len(table)), "regimes": summary_regimes, "by_source": by_source, "stale": stale,
+               "terms": {k: float(v["value"]) for k, v in terms.items()},
+               "examples": {e.id: {"measured": e.measured, "predicted": round(e.predicted, 1),
+                                   "loso": round(e.loso, 1)} for e in examples.itertuples()},
+               "excluded": [r.id for r in excluded], "gpu_run": GPU_RUN_NOTE}
+    return Section(lines, summary, table)

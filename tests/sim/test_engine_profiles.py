@@ -1,0 +1,244 @@
+"""Engine profiles trtllm / vllm / hf: registered from data with provenance, physical, and fitted by one
+command; the published-GPU CSV loader and the validate section (tests that need the CSV skip without it)."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from sim import engine, fit_profiles, profile_engines as pe, validate
+from sim.profiles import get_profile
+from sim.validation import published_gpu as pg
+from sim.validation import published_report
+
+HAVE_CSV = pg.default_csv().is_file()
+needs_csv = pytest.mark.skipif(not HAVE_CSV, reason=f"published GPU CSV not found at {pg.default_csv()} "
+                                                    "(set KVSIM_DATA)")
+HEADER = list(pg.COLUMNS)
+
+
+def _row(**kw):
+    base = dict(source="S1", hw="H100-SXM-80GB", model="meta-llama/Llama-2-7b-hf", stack="TensorRT-LLM v0.9.0 static",
+                weight_dtype="fp8", kv_dtype="fp8", tp="1", batch="64", prompt="128", gen="2048",
+                metric="out_tok_per_s", value="5000", notes="")
+    base.update({k: str(v) for k, v in kw.items()})
+    return base
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=HEADER)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------
+# Profiles as data
+
+def test_shipped_file_has_provenance_and_terms_in_bounds():
+    data = pe.read_fit_file()
+    fit = data["fit"]
+    assert fit["command"].startswith("python -m sim.fit_profiles") and len(fit["csv_sha256"]) == 64
+    assert fit["date"] and fit["csv"].startswith("..")            # relative, never one machine's path
+    for engine_name in ("trtllm", "vllm"):
+        entry = data["engines"][engine_name]
+        values = pe.engine_values(data, engine_name)
+        assert len(values) == len(pe.TERMS) <= 8
+        for t in pe.TERMS:
+            term = entry["terms"][t.name]
+            assert t.lo <= values[t.name] <= t.hi and term["source"] and term["meaning"]
+    assert data["engines"]["trtllm"]["fitted"] is True
+    assert set(data["engines"]["trtllm"]["loso_folds"]) >= {"TRT090"}
+
+
+def test_profiles_registered_with_the_files_values():
+    data = pe.read_fit_file()
+    trt = get_profile("trtllm")
+    assert trt.host_overhead_s == pytest.approx(data["engines"]["trtllm"]["terms"]["step_overhead_s"]["value"])
+    assert trt.launch_overhead_s == pytest.approx(data["engines"]["trtllm"]["terms"]["launch_overhead_s"]["value"])
+    assert get_profile("vllm").name == "vllm" and get_profile("hf").eager
+
+
+def test_bad_profile_values_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match="outside its bounds"):
+        pe.make_profile("trtllm", dict(pe.prior_values(), gemm_eff=3.0))
+    with pytest.raises(ValueError, match="missing terms"):
+        pe.check_values({"gemm_eff": 0.9}, "x")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engines: [1, 2\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        pe.read_fit_file(bad)
+
+
+@pytest.mark.parametrize("hw", ["h100-sxm", "h200-sxm", "a100-80g-sxm", "l40s"])
+@pytest.mark.parametrize("model", ["llama-2-7b", "mistral-7b-v0.1", "llama-3-8b", "llama-2-70b"])
+def test_trtllm_respects_the_bandwidth_floor(hw, model):
+    rng = np.random.default_rng(0)
+    device = engine.resolve_device(hw)
+    for _ in range(4):
+        batch, ctx = int(rng.integers(1, 256)), float(rng.integers(16, 8192))
+        for profile in ("trtllm", "vllm"):
+            t = engine.decode_step_time(hw, model, np.full(batch, ctx), weight_dtype="fp8", kv_dtype="fp8",
+                                        profile=profile)
+            s = engine.make_setup(hw, model, "full", "fp8", "fp8", profile)
+            floor = (s.model.weight_bytes("fp8") + batch * ctx * s.model.kv_bytes_per_token("fp8")) / device.memory_bw
+            assert t >= floor * (1 - 1e-9)
+
+
+def test_decode_attention_kernel_paths():
+    from sim.models import load_model
+    assert pe.decode_attention_kernel(load_model("llama-2-7b")) == "per-head"          # MHA
+    assert pe.decode_attention_kernel(load_model("llama-3-8b")) == "grouped"           # GQA
+    assert pe.decode_attention_kernel(load_model("mistral-7b-v0.1")) == "per-head"     # cyclic KV cache
+    # per-head GQA attention costs more than the grouped kernel on the same shapes (same bytes, g x FLOPs)
+    low = dict(pe.prior_values(), attn_core_eff=0.05)
+    prof = pe.make_profile("trtllm", low, name="low-attn")
+    kw = dict(weight_dtype="fp8", kv_dtype="fp8", profile=prof)
+    per_head = engine.decode_step_time("h100-sxm", "mistral-7b-v0.1", np.full(64, 2048.0), **kw)
+    grouped = engine.decode_step_time("h100-sxm", "mistral-7b", np.full(64, 2048.0), **kw)
+    assert per_head > 1.5 * grouped
+
+
+def test_hf_profile_operators():
+    """SDPA: no materialised scores, no repeat_kv (native GQA), DynamicCache cat, greedy (no reorder)."""
+    p = engine.predict("h100-sxm", "llama-3-8b", 4, 1024, 16, "full", 1.0, profile="hf")
+    ops = set(p.decode_ops["op"])
+    assert "cache_concat" in ops and "generate_step" in ops and "eager_glue" in ops
+    assert not ops & {"repeat_kv", "beam_reorder", "mask_bias", "score_upcast"}
+    eager = set(engine.predict("h100-sxm", "llama-3-8b", 4, 1024, 16, "full", 1.0, profile="hf-eager").decode_ops["op"])
+    assert "repeat_kv" in eager
+    assert p.tpot_s < engine.predict("h100-sxm", "llama-3-8b", 4, 1024, 16, "full", 1.0, profile="hf-eager").tpot_s
+
+
+# ---------------------------------------------------------------------------------------------------
+# The CSV
+
+def test_loader_scopes_and_regimes(tmp_path):
+    path = write_csv(tmp_path / "p.csv", [
+        _row(),
+        _row(tp=8, hw="MI300X-192GB (x8)"),
+        _row(batch=1, prompt=2048, gen=1, metric="ttft_ms", value=30),
+        _row(model="mistralai/Mistral-7B-v0.1", batch=120),
+        _row(batch="dynamic", prompt=5000, gen=500),
+        _row(batch=1, prompt=128, gen=1, metric="ttft_ms", value=6),
+        _row(hw="B200"),
+    ])
+    rows = pg.load_rows(path)
+    assert [r.scope == "single-device" for r in rows] == [True, False, True, True, True, True, False]
+    assert "multi-GPU" in rows[1].scope and rows[4].batch is None
+    assert [r.regime for r in rows[:6]] == ["large-batch-decode", "large-batch-decode", "prefill-ttft",
+                                            "gqa-large-batch", "long-context", "batch-1"]
+    assert rows[3].model == "mistral-7b-v0.1"
+    assert pg.predict_row(rows[4], "fused") > 0
+    with pytest.raises(ValueError, match="out of scope"):
+        pg.predict_row(rows[1], "fused")
+
+
+@pytest.mark.parametrize("bad, message", [(dict(metric="tok"), "unknown metric"), (dict(value="x"), "not a number"),
+                                          (dict(batch="many"), "batch"), (dict(value="-3"), "positive")])
+def test_loader_errors_name_the_row(tmp_path, bad, message):
+    path = write_csv(tmp_path / "p.csv", [_row(), _row(**bad)])
+    with pytest.raises(ValueError, match=f"row 2: .*{message}"):
+        pg.load_rows(path)
+
+
+def test_data_dir_is_relative_and_configurable(monkeypatch, tmp_path):
+    monkeypatch.delenv("KVSIM_DATA", raising=False)
+    assert pg.data_dir() == (pg.REPO_ROOT.parent / "shared" / "data").resolve()
+    monkeypatch.setenv("KVSIM_DATA", str(tmp_path))
+    assert pg.default_csv() == tmp_path.resolve() / pg.CSV_NAME
+
+
+# ---------------------------------------------------------------------------------------------------
+# The fit
+
+def test_fit_recovers_terms_behind_synthetic_measurements(tmp_path):
+    """Rows whose 'measurements' the model itself made with known terms: the fit finds terms that
+    reproduce them (the physics is identifiable from these shapes), starting from the priors."""
+    truth = dict(step_overhead_s=0.0015, launch_overhead_s=2e-6, gemm_eff=0.8, fp8_gemm_eff=0.7, attn_core_eff=0.2,
+                 attn_fp8_kv_eff=0.7)
+    shapes = [("H100-SXM-80GB", "mistralai/Mistral-7B-v0.1", "fp8", 120, 128, 2048, "out_tok_per_s"),
+              ("A100-SXM-80GB", "mistralai/Mistral-7B-v0.1", "fp16", 120, 128, 2048, "out_tok_per_s"),
+              ("L40S-48GB", "mistralai/Mistral-7B-v0.1", "fp8", 120, 128, 2048, "out_tok_per_s"),
+              ("H200-SXM-141GB", "meta-llama/Llama-2-7b-hf", "fp8", 1, 2048, 1, "ttft_ms"),
+              ("A100-SXM-80GB", "meta-llama/Llama-2-7b-hf", "fp16", 1, 2048, 1, "ttft_ms"),
+              ("H100-SXM-80GB", "meta-llama/Llama-2-7b-hf", "fp8", 1, 128, 1, "ttft_ms"),
+              ("H200-SXM-141GB", "meta-llama/Llama-2-7b-hf", "fp8", 8, 128, 256, "out_tok_per_s"),
+              ("H100-SXM-80GB", "meta-llama/Llama-2-7b-hf", "fp8", 120, 128, 2048, "out_tok_per_s")]
+    rows = [_row(hw=h, model=m, weight_dtype=d, kv_dtype=d, batch=b, prompt=n, gen=g, metric=metric, value=1)
+            for h, m, d, b, n, g, metric in shapes]
+    scoped = pg.in_scope(pg.load_rows(write_csv(tmp_path / "s.csv", rows)))
+    measured = fit_profiles.predictions(scoped, truth)
+    for r, v in zip(rows, measured):
+        r["value"] = f"{v:.6g}"
+    scoped = pg.in_scope(pg.load_rows(write_csv(tmp_path / "s.csv", rows)))
+    fitted = fit_profiles.fit_terms(scoped)
+    pred = fit_profiles.predictions(scoped, fitted)
+    assert np.max(np.abs(pred / measured - 1)) < 0.03
+    assert fitted["fp8_gemm_eff"] * fitted["gemm_eff"] == pytest.approx(truth["fp8_gemm_eff"] * truth["gemm_eff"],
+                                                                         rel=0.1)
+
+
+def test_fit_cli_errors_are_one_line(tmp_path, capsys):
+    assert fit_profiles.main(["--csv", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and not (tmp_path / "o.yaml").exists()
+    assert fit_profiles.main(["--csv", str(tmp_path / "missing.csv"), "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    few = write_csv(tmp_path / "few.csv", [_row()])
+    assert fit_profiles.main(["--csv", str(few), "--out", str(tmp_path / "o.yaml")]) == 2
+    assert "need more than" in capsys.readouterr().err and not (tmp_path / "o.yaml").exists()
+    assert fit_profiles.main(["--bogus"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# The validate section (needs the CSV)
+
+@needs_csv
+def test_section_reports_in_sample_beside_loso_per_regime():
+    section = published_report.build_section()
+    s = section.summary
+    assert s["rows"] == len(section.table) > 20
+    assert set(s["regimes"]) >= {"batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context",
+                                 "overall"}
+    for stats in s["regimes"].values():
+        assert {"in_sample_mape", "loso_mape", "loso_max", "status"} <= set(stats)
+    assert any(e.startswith("AMD_PERF") or e.startswith("NIM") for e in s["excluded"])   # tp > 1 rows
+    assert not (section.table["batch"] == "dynamic").all()
+    text = "\n".join(section.markdown)
+    assert "LOSO" in text and "no GPU was lent" in text
+
+
+@needs_csv
+def test_section_flags_a_stale_fit(tmp_path):
+    data = pe.read_fit_file()
+    for p in data["predictions"]:
+        p["in_sample"] *= 1.2
+    stale = tmp_path / "stale.yaml"
+    stale.write_text(yaml.safe_dump(data))
+    section = published_report.build_section(stale)
+    assert section.summary["stale"] and "stale" in "\n".join(section.markdown)
+
+
+def test_section_skips_without_the_csv(tmp_path):
+    section = published_report.build_section(csv=tmp_path / "none.csv")
+    assert "skipped" in section.summary and "Skipped" in section.markdown[2]
+
+
+def test_validate_cli_published_gpu_flag_errors(tmp_path, capsys):
+    code = validate.main(["--out", str(tmp_path / "v"), "--no-measured", "--published-gpu", str(tmp_path / "x.csv"),
+                          "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+@needs_csv
+def test_validate_json_carries_the_section(tmp_path, capsys):
+    assert validate.main(["--out", str(tmp_path / "v"), "--no-measured", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["published_gpu"]["regimes"]["overall"]["points"] > 20
+    assert "Published GPU measurements" in (tmp_path / "v" / "validation-report.md").read_text()
