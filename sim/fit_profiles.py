@@ -241,7 +241,7 @@ def main(argv=None) -> int:
         result = run_fit(csv)
         command = "python -m sim.fit_profiles --csv " + pg.display_path(csv)
         if args.out.resolve() != DEFAULT_OUT.resolve():
-            command += " --out " + str(args.out)
+            command += " --out " + pg.display_path(args.out)
         doc = build_document(result, csv, command)
         write_document(doc, args.out)
     except (ValueError, FileNotFoundError) as exc:

@@ -77,12 +77,15 @@ def file_sha256(path: Path) -> str:
 
 
 def display_path(path: Path) -> str:
-    """A path relative to the repository's parent when under it (`../shared/data/...`), else as given."""
+    """Relative to the repository when inside it, `../...` when next to it (`../shared/data/...`), else as
+    given: reports and profile files never name one machine's paths."""
     path = Path(path).resolve()
-    try:
-        return str(Path("..") / path.relative_to(REPO_ROOT.parent))
-    except ValueError:
-        return str(path)
+    for base, prefix in ((REPO_ROOT, Path()), (REPO_ROOT.parent, Path(".."))):
+        try:
+            return str(prefix / path.relative_to(base))
+        except ValueError:
+            continue
+    return str(path)
 
 
 @dataclass(frozen=True)
