@@ -67,7 +67,12 @@ def median_seconds(fn, timer, plan: Plan) -> float:
     fn()
     fn()  # warm-up: first calls pay for kernel selection, oneDNN primitive creation, page faults
     timer.sync()
-    one = min(timer.run(fn, 1) for _ in range(3))  # min: one preempted call must not set the loop count
+    first = timer.run(fn, 1)
+    if plan.long_call_s is not None and first >= plan.long_call_s:
+        # A call this long needs no loop (timer resolution is irrelevant) and its samples cost seconds
+        # each on a busy machine: the median of 3 single calls (the standard plan's large GEMMs).
+        return statistics.median([first, timer.run(fn, 1), timer.run(fn, 1)])
+    one = min([first] + [timer.run(fn, 1) for _ in range(2)])  # min: a preempted call must not set the loops
     loops = max(1, min(MAX_LOOPS, math.ceil(plan.min_sample_s / max(one, 1e-7))))
     return statistics.median(timer.run(fn, loops) / loops for _ in range(plan.repeats))
 

@@ -42,6 +42,9 @@ class Plan:
     # copies into a newly allocated tensor vs into an existing buffer, per tensor size (bytes): eager
     # cache code (torch.cat, index_select, repeat_kv) allocates its output every call
     fresh_sizes: tuple[int, ...] = ()
+    # a call at least this long (seconds) is timed without a loop, 3 samples instead of `repeats` (None:
+    # always `repeats`): the large GEMMs on a busy CPU, where each call takes seconds
+    long_call_s: float | None = None
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -85,6 +88,8 @@ class Plan:
             raise ValueError("at least 3 repeats are needed for a meaningful median")
         if self.min_sample_s <= 0:
             raise ValueError("the minimum sample time must be positive")
+        if self.long_call_s is not None and self.long_call_s < self.min_sample_s:
+            raise ValueError("long_call_s must be at least the minimum sample time")
 
     def gemv_shape(self, nbytes: int, dtype: str) -> int:
         """Side n of the largest square GEMV weight (n x n) in `dtype` within `nbytes` bytes."""
@@ -131,12 +136,14 @@ def make_plan(device: str, quick: bool, thorough: bool = True) -> Plan:
     if device == "cpu" and not thorough:
         # The full plan below without what costs most and changes least on a 2-core machine (about 80% of
         # its time there): the 1 GiB stream point (reads still come from the 1 GiB pool, > the LLC: cold),
-        # the 4096^3 bf16 and 2048^3 fp16 GEMMs (peaks then come from 2048^3 / 1024^3), and 7 repeats
-        # instead of 11. About 20 s on a quiet 2-core VM; --thorough for the full plan.
+        # the 2048^3 and 4096^3 bf16 and the 2048^3 fp16 GEMMs (bf16/fp16 peaks then come from 1024^3; the
+        # primary fp32 keeps 2048^3), 7 repeats instead of 11, and 3 unlooped samples for calls of 0.2 s or
+        # more (a 2048^3 GEMM takes seconds per call when other jobs hold the cores). About 20 s on a quiet
+        # 2-core VM; --thorough for the full plan.
         full = make_plan("cpu", False, thorough=True)
         return replace(full, mode="standard", stream_sizes=_powers(64 * KiB, 256 * MiB), repeats=7,
                        gemm_sizes={"fp32": (64, 128, 256, 512, 1024, 2048),
-                                   "bf16": (64, 128, 256, 512, 1024, 2048), "fp16": (256, 1024)})
+                                   "bf16": (64, 128, 256, 512, 1024), "fp16": (256, 1024)}, long_call_s=0.2)
     if device == "cpu":
         # 64 KiB .. 1 GiB in x4 steps. The 1 GiB pool is > 3x the last-level cache of this
         # class of server CPU (300 MiB here), so every read streams from DRAM as decode

@@ -24,7 +24,9 @@ def test_standard_cpu_plan_is_the_full_one_without_its_slowest_points():
     assert make_plan("cpu", False) == full                       # library default: traces.timing's plan
     assert standard.pool_bytes == full.pool_bytes == GiB       # reads still stream from a pool > the LLC
     assert standard.stream_sizes[-1] == 256 * 2**20 and full.stream_sizes[-1] == GiB
-    assert max(standard.gemm_sizes["bf16"]) == 2048 and max(full.gemm_sizes["bf16"]) == 4096
+    assert max(standard.gemm_sizes["fp32"]) == 2048 == max(full.gemm_sizes["fp32"])   # the primary dtype
+    assert max(standard.gemm_sizes["bf16"]) == 1024 and max(full.gemm_sizes["bf16"]) == 4096
+    assert standard.long_call_s == 0.2 and full.long_call_s is None
     assert standard.repeats == 7 < full.repeats
     # every kind of series the fit and the eager profiles read is still measured
     assert standard.skinny_sides == full.skinny_sides and standard.attn_head_dims == full.attn_head_dims
@@ -89,3 +91,30 @@ def test_eager_switch_pair_is_remeasured_until_streaming_is_slower(monkeypatch):
     series.clear()
     eager_bench.run_eager_call(plan, None, new, lambda label: None, lambda *a: next(hot))
     assert len(list(hot)) == 5 - eager_bench.STREAM_ATTEMPTS
+
+
+class CountingTimer:
+    """A timer whose every call of the op takes `seconds` (no real work): counts the calls."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls = seconds, 0
+
+    def sync(self):
+        pass
+
+    def run(self, fn, loops):
+        self.calls += loops
+        return self.seconds * loops
+
+
+def test_long_calls_take_three_unlooped_samples_in_the_standard_plan():
+    from hwmodels.calibrate.bench import median_seconds
+    standard, full = make_plan("cpu", False, thorough=False), make_plan("cpu", False, thorough=True)
+    slow = CountingTimer(2.5)                  # a 2048^3 GEMM on a busy 2-core machine
+    assert median_seconds(lambda: None, slow, standard) == 2.5
+    assert slow.calls == 3                     # (+2 warm-up calls outside the timer): 5 calls, not 2 + 3 + 7
+    slow = CountingTimer(2.5)
+    assert median_seconds(lambda: None, slow, full) == 2.5 and slow.calls == 3 + full.repeats   # unchanged
+    fast = CountingTimer(1e-5)                 # short ops still loop to min_sample_s, `repeats` samples
+    assert median_seconds(lambda: None, fast, standard) == pytest.approx(1e-5)
+    assert fast.calls == 3 + standard.repeats * 200
