@@ -95,7 +95,7 @@ class Row:
     hw_label: str
     model_label: str
     stack: str
-    engine: str             # "trtllm" | "vllm" | "nim"
+    engine: str             # the profile of its stack: "trtllm" | "vllm"
     hw: str | None          # hardware file, None when none is shipped
     model: str | None
     weight_dtype: str
@@ -116,12 +116,9 @@ class Row:
 
 
 def _engine(stack: str) -> str:
-    s = stack.lower()
-    if "vllm" in s:
-        return "vllm"
-    if "nim" in s:
-        return "nim"
-    return "trtllm"
+    """The profile of the stack that ran: vLLM rows -> vllm, everything else (TensorRT-LLM, NIM's
+    TensorRT-LLM profile) -> trtllm."""
+    return "vllm" if "vllm" in stack.lower() else "trtllm"
 
 
 def _dtype(text: str) -> str:

@@ -41,27 +41,31 @@ def _stats(df: pd.DataFrame, column: str) -> dict:
 
 
 def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = None) -> tuple[pd.DataFrame, dict, list]:
+    """Every single-device row under its stack's profile (file terms) and, for rows whose source was in
+    the fit, under the terms fitted without that source (LOSO). A row the fit never saw (another CSV:
+    the held-out check) is out of sample either way: its LOSO value is its prediction."""
     data = pe.read_fit_file(fit_file)
-    engine_name = "trtllm"
-    terms = pe.engine_values(data, engine_name, fit_file)
-    folds = data["engines"][engine_name].get("loso_folds") or {}
-    rows = pg.load_rows(csv)
-    scoped = pg.in_scope(rows, engine_name)
-    profile = pe.make_profile(engine_name, terms, name=f"{engine_name}-in-sample")
-    fold_profiles = {s: pe.make_profile(engine_name, pe.check_values(v, f"{fit_file}: loso fold {s}"),
-                                        name=f"{engine_name}-loso-{s}") for s, v in folds.items()}
+    profiles = {e: pe.make_profile(e, pe.engine_values(data, e, fit_file), name=f"{e}-file")
+                for e in pe.ENGINES if e in data["engines"]}
+    folds = data["engines"].get("trtllm", {}).get("loso_folds") or {}
+    fold_profiles = {s: pe.make_profile("trtllm", pe.check_values(v, f"{fit_file}: loso fold {s}"),
+                                        name=f"trtllm-loso-{s}") for s, v in folds.items()}
     stored = {p["id"]: p for p in data.get("predictions", [])}
+    rows = pg.load_rows(csv)
+    scoped = [r for r in pg.in_scope(rows) if r.engine in profiles]
     out = []
     for r in scoped:
-        pred = pg.predict_row(r, profile)
-        fold = fold_profiles.get(r.source)
-        loso = pg.predict_row(r, fold) if fold is not None else np.nan
+        pred = pg.predict_row(r, profiles[r.engine])
+        trained = r.id in stored and r.engine == "trtllm"
+        fold = fold_profiles.get(r.source) if trained else None
+        loso = pg.predict_row(r, fold) if fold is not None else pred
         fused = pg.predict_row(r, "fused")
-        then = stored.get(r.id, {}).get("in_sample")
-        out.append(dict(id=r.id, source=r.source, regime=r.regime, hw=r.hw, model=r.model, metric=r.metric,
-                        batch="dynamic" if r.batch is None else r.batch, prompt=r.prompt, gen=r.gen, measured=r.value,
-                        predicted=pred, error_pct=pg.error_pct(pred, r.value), loso=loso,
-                        loso_error_pct=pg.error_pct(loso, r.value), fused_error_pct=pg.error_pct(fused, r.value),
+        then = stored.get(r.id, {}).get("in_sample") if trained else None
+        out.append(dict(id=r.id, source=r.source, engine=r.engine, regime=r.regime, hw=r.hw, model=r.model,
+                        metric=r.metric, batch="dynamic" if r.batch is None else r.batch, prompt=r.prompt, gen=r.gen,
+                        measured=r.value, trained=trained, predicted=pred, error_pct=pg.error_pct(pred, r.value),
+                        loso=loso, loso_error_pct=pg.error_pct(loso, r.value),
+                        fused_error_pct=pg.error_pct(fused, r.value),
                         moved_pct=np.nan if then is None else pg.error_pct(pred, then)))
     excluded = [r for r in rows if r not in scoped]
     return pd.DataFrame(out), data, excluded
@@ -82,16 +86,18 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
     table, data, excluded = evaluate_rows(fit_file, csv_path)
     fit = data.get("fit", {})
     lines = head + [
-        f"Rows: {len(table)} single-device TensorRT-LLM rows of {fit.get('csv', pg.display_path(csv_path))} "
-        f"(sha256 {str(fit.get('csv_sha256', ''))[:16]}), predicted under the `trtllm` profile of "
-        f"{pg.display_path(Path(fit_file))}, fitted {fit.get('date', '?')} by `{fit.get('command', '?')}`. "
+        f"Rows: {len(table)} single-device rows of {pg.display_path(csv_path)}, each predicted under its stack's "
+        f"profile (`trtllm`, `vllm`) of "
+        f"{pg.display_path(Path(fit_file))}, fitted {fit.get('date', '?')} by `{fit.get('command', '?')}` to "
+        f"{fit.get('csv', '?')} (sha256 {str(fit.get('csv_sha256', ''))[:16]}). "
         "In-sample: the file's terms (fitted to all these rows); LOSO: each row predicted with the terms fitted "
         "without its source's rows. Fused: the ideal `fused` profile, for scale. "
         f"Targets: LOSO MAPE <= {LOSO_TARGET_OVERALL:g}% overall and <= {LOSO_TARGET_REGIME:g}% in every regime.", ""]
-    csv_now = pg.file_sha256(csv_path)
-    if fit.get("csv_sha256") and fit["csv_sha256"] != csv_now:
-        lines += [f"WARNING: the CSV's content (sha256 {csv_now[:16]}) is not what the profiles were fitted to: "
-                  "re-run the fit command.", ""]
+    held_out = table[~table["trained"]]
+    held_out_summary = None
+    if len(held_out):
+        lines += [f"{len(held_out)} of these rows were not among the fit's rows (another CSV or new rows): they are "
+                  "held out, their error is out of sample in every column (row table: trained = no).", ""]
     moved = table["moved_pct"].abs().max()
     stale = bool(np.isfinite(moved) and moved > STALE_PCT)
     if stale:
@@ -111,6 +117,10 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                         f"{lo['max_error']:.1f} | {fu['mape']:.1f} | <= {target:g} | {status} |")
     lines += ["| regime | rows | in-sample MAPE % | in-sample max % | LOSO MAPE % | LOSO max % | fused MAPE % | "
               "target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, ""]
+    if len(held_out):
+        h = _stats(held_out, "error_pct")
+        held_out_summary = {"points": h["points"], "mape": h["mape"], "max_error": h["max_error"]}
+        lines += [f"Held-out rows: {h['points']}, MAPE {h['mape']:.1f}%, max {h['max_error']:.1f}%.", ""]
     # per source: LOSO is "fit without this source, predict it"
     lines += ["| source (left out) | rows | in-sample MAPE % | LOSO MAPE % | LOSO max % |", "|---|---|---|---|---|"]
     by_source = {}
@@ -136,11 +146,12 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
             lines.append(f"- {e.hw}: measured {e.measured:,.0f}, trtllm {e.predicted:,.0f} ({_fmt(e.error_pct)}%), "
                          f"LOSO {e.loso:,.0f} ({_fmt(e.loso_error_pct)}%), fused {_fmt(e.fused_error_pct)}%")
         lines.append("")
-    lines += ["| row | regime | measured | trtllm | error % | LOSO | LOSO error % | fused error % |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| row | regime | trained | measured | predicted | error % | LOSO | LOSO error % | fused error % |",
+              "|---|---|---|---|---|---|---|---|---|"]
     order = table.reindex(table["loso_error_pct"].abs().sort_values(ascending=False).index)
     for r in order.itertuples():
-        lines.append(f"| {r.id} | {r.regime} | {r.measured:.4g} | {r.predicted:.4g} | {_fmt(r.error_pct)} | "
+        lines.append(f"| {r.id} | {r.regime} | {'yes' if r.trained else 'no'} | {r.measured:.4g} | {r.predicted:.4g} | "
+                     f"{_fmt(r.error_pct)} | "
                      f"{r.loso:.4g} | {_fmt(r.loso_error_pct)} | {_fmt(r.fused_error_pct)} |")
     lines.append("")
     if excluded:
@@ -149,6 +160,7 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                                                     f"({r.scope})" for r in excluded) + ".", ""]
     lines += [GPU_RUN_NOTE, ""]
     summary = {"rows": int(len(table)), "regimes": summary_regimes, "by_source": by_source, "stale": stale,
+               "held_out": held_out_summary,
                "terms": {k: float(v["value"]) for k, v in terms.items()},
                "examples": {e.id: {"measured": e.measured, "predicted": round(e.predicted, 1),
                                    "loso": round(e.loso, 1)} for e in examples.itertuples()},

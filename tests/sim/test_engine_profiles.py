@@ -242,3 +242,19 @@ def test_validate_json_carries_the_section(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["published_gpu"]["regimes"]["overall"]["points"] > 20
     assert "Published GPU measurements" in (tmp_path / "v" / "validation-report.md").read_text()
+
+
+@needs_csv
+def test_rows_outside_the_training_csv_are_held_out(tmp_path):
+    """Another CSV (the held-out check): rows the fit never saw are reported as held out, and a
+    single-device vLLM row is predicted under the vllm profile."""
+    path = write_csv(tmp_path / "held.csv", [
+        _row(source="NEW", batch=32, prompt=512, gen=512, value=2000),
+        _row(source="NEWV", stack="vLLM 0.6", hw="H200-SXM-141GB", batch=16, prompt=1024, gen=256, value=1500),
+    ])
+    section = published_report.build_section(csv=path)
+    t = section.table
+    assert list(t["trained"]) == [False, False] and list(t["engine"]) == ["trtllm", "vllm"]
+    assert (t["loso"] == t["predicted"]).all()           # out of sample in every column
+    assert section.summary["held_out"]["points"] == 2
+    assert "held out" in "\n".join(section.markdown)
