@@ -258,3 +258,22 @@ def test_rows_outside_the_training_csv_are_held_out(tmp_path):
     assert (t["loso"] == t["predicted"]).all()           # out of sample in every column
     assert section.summary["held_out"]["points"] == 2
     assert "held out" in "\n".join(section.markdown)
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hw=st.sampled_from(["h100-sxm", "h200-sxm", "a100-80g-sxm", "l40s", "mi300x"]),
+       model=st.sampled_from(["llama-2-7b", "mistral-7b-v0.1", "llama-3-8b", "gpt-j-6b"]),
+       profile=st.sampled_from(["trtllm", "vllm", "hf"]), policy=st.sampled_from(["h2o", "keyformer", "window"]),
+       batch=st.integers(1, 128), prompt=st.integers(64, 16384), gen=st.integers(2, 1024),
+       ratios=st.lists(st.floats(0.05, 1.0), min_size=2, max_size=2), dtype=st.sampled_from(["fp8", "bf16"]))
+def test_engine_profiles_never_get_faster_with_more_cache(hw, model, profile, policy, batch, prompt, gen, ratios,
+                                                          dtype):
+    lo, hi = sorted(ratios)
+    kw = dict(batch=batch, prompt=prompt, gen=gen, kv_dtype=dtype, weight_dtype=dtype, profile=profile,
+              with_capacity=False)
+    small = engine.evaluate(hw, model, policy, cache_ratio=lo, **kw)["tpot_s"][0]
+    large = engine.evaluate(hw, model, policy, cache_ratio=hi, **kw)["tpot_s"][0]
+    assert small <= large * (1 + 1e-12)
