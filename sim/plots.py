@@ -5,7 +5,9 @@ which points a line averages: none are averaged, every line is one slice of the 
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +16,49 @@ import pandas as pd
 from sim.cli import atomic_writer
 
 ENABLED = True
+# Rendered PNGs keyed by everything they show (sim.sweep.main sets <cache-dir>/plots; None: always draw).
+# Drawing is most of a warm sweep's time (matplotlib: seconds per figure), so an unchanged figure is copied.
+CACHE_DIR: Path | None = None
 # Policies often coincide (window and streaming move the same bytes; h2o and keyformer differ by the
 # noise FLOPs): distinct dash patterns and markers keep overlapping lines visible.
 POLICY_STYLE = {"full": ("black", "-"), "window": ("tab:gray", (0, (6, 3))), "streaming": ("tab:green", (0, (1, 2))),
                 "h2o": ("tab:blue", (0, (4, 2))), "keyformer": ("tab:red", "-")}
 MARKERS = {"full": ".", "window": "s", "streaming": "^", "h2o": "o", "keyformer": "x"}
+
+
+def figure_key(name: str, *frames: pd.DataFrame, **extra) -> str | None:
+    """A hash of what a figure shows: its name, the frames it is drawn from (every value and column), the
+    extra settings, and the code version (a change to the plotting code re-draws). None when a frame
+    cannot be hashed (then the figure is drawn)."""
+    from sim.runner import code_version
+    h = hashlib.sha256(f"{name}|{sorted((k, repr(v)) for k, v in extra.items())}|{code_version()}".encode())
+    try:
+        for frame in frames:
+            h.update(repr(list(frame.columns)).encode())
+            h.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    except (TypeError, ValueError):
+        return None
+    return h.hexdigest()[:32]
+
+
+def cached_png(path, key: str | None, render) -> Path:
+    """`render(path)` draws and saves the figure at `path`; with CACHE_DIR and a key, a figure drawn
+    before from identical inputs is copied instead (atomically), and a new one is remembered."""
+    path = Path(path)
+    if CACHE_DIR is None or key is None:
+        render(path)
+        return path
+    stored = Path(CACHE_DIR) / f"{key}{path.suffix or '.png'}"
+    if stored.is_file():
+        atomic_writer(path, lambda tmp: shutil.copyfile(stored, tmp))
+        return path
+    render(path)
+    try:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        atomic_writer(stored, lambda tmp: shutil.copyfile(path, tmp))
+    except OSError:      # a read-only cache: the figure is still written
+        pass
+    return path
 
 
 def _pyplot():
@@ -116,11 +156,20 @@ def _device_rows(t: pd.DataFrame, dev: str) -> pd.DataFrame:
     return t[t["hw"] == dev]
 
 
+def _devices(table: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(table["hw"]))
+
+
 def latency_vs_cache_ratio(table: pd.DataFrame, path: Path, batch=None) -> Path:
-    plt = _pyplot()
     fixed = _default_slice(table)
     fixed["batch"] = batch if batch is not None else table["batch"].min()
     t = _slice(table, **fixed)
+    return cached_png(path, figure_key("latency_vs_cache_ratio", t, devices=_devices(table), fixed=fixed),
+                      lambda p: _latency_vs_cache_ratio(table, t, fixed, p))
+
+
+def _latency_vs_cache_ratio(table, t, fixed, path) -> Path:
+    plt = _pyplot()
     # every input is fixed but the ratio, so each ratio is one point already
     fig = _policy_lines_per_device(plt, table, t, _device_rows, "cache_ratio",
                                    lambda f: 1e3 * f["tpot_s"].where(f["fits"]),
@@ -131,11 +180,16 @@ def latency_vs_cache_ratio(table: pd.DataFrame, path: Path, batch=None) -> Path:
 
 
 def throughput_vs_batch(table: pd.DataFrame, path: Path, ratio: float = 0.5) -> Path:
-    plt = _pyplot()
     fixed = _default_slice(table)
     t = _slice(table, **fixed)
     ratios = np.sort(t["cache_ratio"].unique())
     near = ratios[np.abs(ratios - ratio).argmin()] if len(ratios) else ratio
+    return cached_png(path, figure_key("throughput_vs_batch", t, devices=_devices(table), fixed=fixed, near=near),
+                      lambda p: _throughput_vs_batch(table, t, fixed, near, p))
+
+
+def _throughput_vs_batch(table, t, fixed, near, path) -> Path:
+    plt = _pyplot()
     fig = _policy_lines_per_device(
         plt, table, t, lambda t, dev: t[(t["hw"] == dev) & ((t["cache_ratio"] == near) | (t["policy"] == "full"))],
         "batch", lambda f: f["tokens_per_s"].where(f["fits"]), "batch (requests)", "tokens/s", log2_x=True)
@@ -145,9 +199,14 @@ def throughput_vs_batch(table: pd.DataFrame, path: Path, ratio: float = 0.5) -> 
 
 
 def max_batch_throughput_vs_cache_ratio(table: pd.DataFrame, path: Path) -> Path:
-    plt = _pyplot()
     fixed = _default_slice(table)
     t = _slice(table, **fixed)
+    return cached_png(path, figure_key("max_batch_throughput_vs_cache_ratio", t, devices=_devices(table),
+                                       fixed=fixed), lambda p: _max_batch_throughput(table, t, fixed, p))
+
+
+def _max_batch_throughput(table, t, fixed, path) -> Path:
+    plt = _pyplot()
     fig = _policy_lines_per_device(plt, table, t, _device_rows, "cache_ratio", lambda f: f["max_batch_tokens_per_s"],
                                    "cache ratio (KV budget / prompt)", "tokens/s at max batch")
     fig.suptitle(f"Throughput at the largest batch that fits: {fixed['model']}, "

@@ -627,6 +627,8 @@ def main(argv=None) -> int:
                 code_version=runner.code_version())
     import sim.plots as plots
     plots.ENABLED = not a.no_plots   # set both ways: a module flag would otherwise outlive one main() call
+    # unchanged figures are copied from the cache (drawing them is most of a warm rerun's time)
+    plots.CACHE_DIR = Path(options.cache_dir) / "plots" if options.cache_dir else None
     if traced_phase is not None:
         from sim import tradeoff
         throughput = "tokens_per_s" if options.engine == "des" else "max_batch_tokens_per_s"

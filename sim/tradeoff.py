@@ -232,8 +232,10 @@ def write_tradeoff(joined: pd.DataFrame, out_dir: str | Path, throughput: str, p
         sweeps_ratio = group[group["policy"] != "full"].groupby(label)["cache_ratio"].nunique().max() >= 3
         if plots and len(usable) and sweeps_ratio:  # a single-budget ablation has no front worth a figure
             name = "pareto_" + str(trace).replace("/", "_") + ".png"
-            plot_pareto(usable, throughput, metric, out_dir / name, by=by,
-                        title=f"{trace}: measured {metric} vs predicted {throughput.replace('_', ' ')}")
+            title = f"{trace}: measured {metric} vs predicted {throughput.replace('_', ' ')}"
+            from sim.plots import cached_png, figure_key   # an unchanged figure is copied, not drawn again
+            cached_png(out_dir / name, figure_key("pareto", usable, x=throughput, y=metric, by=by, title=title),
+                       lambda p: plot_pareto(usable, throughput, metric, p, by=by, title=title))
             lines += [f"Plot: `{name}`", ""]
     table = pd.concat(parts) if parts else joined.assign(pareto=False)
     for name, write in (("tradeoff.parquet", lambda p: table.to_parquet(p, index=False)),
