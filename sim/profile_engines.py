@@ -14,7 +14,7 @@ How each term enters (docs/sim.md "Engine profiles"):
                          device file's launch_overhead_s (an assumption of 4 us there).
   - gemm_eff             the engine's weight GEMMs reach this fraction of the device's GEMM efficiency
                          curve (prefill MFU: large GEMMs are compute-bound).
-  - fp8_gemm_eff         FP8 (1-byte) weight GEMMs reach this further fraction (scaling and
+  - fp8_gemm_eff         FP8 weight GEMMs reach this further fraction (scaling and
                          conversion work of FP8 GEMMs; FP8 peak is twice the 16-bit peak on paper).
   - attn_core_eff        decode attention (one query token against the cache: batched GEMVs) runs on
                          the CUDA cores, not the tensor cores: its FLOP rate is this fraction of the
@@ -29,7 +29,7 @@ How each term enters (docs/sim.md "Engine profiles"):
                          (The sliding-window rule is a hypothesis read off the data: the only GQA rows far
                          below the bandwidth roofline are Mistral-7B-v0.1's, and there H100 = H200 within
                          4% although H200 has 1.43x the bandwidth: compute-bound, not streaming.)
-  - attn_fp8_kv_eff      decode attention over an FP8 KV cache dequantises every element it reads:
+  - attn_fp8_kv_eff      decode attention over an FP8 (any 1-byte) KV cache dequantises every element it reads:
                          its FLOP rate is this fraction of the 16-bit-KV rate.
 The decode-attention rate enters as Op.compute_eff of attn_scores / softmax / attn_v (capped at 1 of
 the op's peak); its memory side stays the device's streaming curve, so every step still respects the
@@ -122,8 +122,10 @@ def _adjuster(v: dict):
     core, fp8_kv = v["attn_core_eff"], v["attn_fp8_kv_eff"]
 
     def adjust_ops(ctx, ops):
-        one_byte_weights = np.asarray(ctx.wb, float) <= 1.0
-        gemm_scale = gemm * np.where(one_byte_weights, fp8, 1.0)
+        # FP8 GEMMs: the fp8 weight dtype (per point when the points mix dtypes: 1-byte weights)
+        fp8_weights = (ctx.weight_dtype == "fp8" if ctx.weight_dtype != "mixed"
+                       else np.asarray(ctx.wb, float) == 1.0)
+        gemm_scale = gemm * np.where(fp8_weights, fp8, 1.0)
         decode_attention = ctx.phase == "decode" and ctx.hw is not None and hasattr(ctx.hw, "peak_flops")
         if decode_attention:
             m = ctx.model
