@@ -42,24 +42,54 @@ def memory(s, rows, kv_tokens, prompt, prefill_rows=None):
     return m.n_params() * s.wb + kv + scores + workspace + extra
 
 
-def _largest(fits, shape):
-    """Largest batch b >= 1 with fits(b) (memory grows with the batch: a vectorised bisection); 0 when
-    not even one request fits."""
-    lo = np.zeros(shape)
-    hi = np.full(shape, float(MAX_BATCH_LIMIT) + 1)
-    for _ in range(int(math.log2(MAX_BATCH_LIMIT)) + 2):
-        mid = np.floor((lo + hi) / 2)
-        ok = fits(np.maximum(mid, 1))
-        lo = np.where(ok, mid, lo)
-        hi = np.where(ok, hi, mid)
-    return np.where(fits(np.ones(shape)), lo, 0).astype(np.int64)
+def _largest(mem, cap, shape, upper, knots=()):
+    """Largest batch b >= 1 with mem(b) <= cap; 0 when not even one request fits. `upper`: a batch known
+    not to be exceeded; `knots`: the batches where mem(b), piecewise linear in b for the shipped
+    profiles, changes slope. mem is read at the knots and inverted linearly between them, and the answer
+    is checked at b and b + 1; where that check fails (a profile whose memory is not piecewise linear
+    with those knots) a vectorised bisection decides, which needs only that memory grows with the batch."""
+    hi = np.minimum(np.floor(np.broadcast_to(np.maximum(upper, 1.0), shape)), float(MAX_BATCH_LIMIT)) + 1.0
+    points = np.sort(np.stack([np.ones(shape), hi, *(np.clip(np.broadcast_to(k, shape), 1.0, hi) for k in knots)]),
+                     axis=0)
+    values = np.stack([mem(b) for b in points])
+    guess = np.ones(shape)
+    for (b0, b1), (m0, m1) in zip(zip(points[:-1], points[1:]), zip(values[:-1], values[1:])):
+        crossing = (m0 <= cap) & (cap < m1)
+        step = np.where(m1 > m0, (cap - m0) / np.where(m1 > m0, m1 - m0, 1.0), 0.0)
+        guess = np.where(crossing, b0 + step * (b1 - b0), guess)
+    guess = np.where(values[-1] <= cap, points[-1], guess)
+    b = np.maximum(np.floor(guess + 1e-9), 1.0)
+    b = np.where(mem(b + 1) <= cap, b + 1, b)               # rounding at the crossing: one step either way
+    b = np.where((mem(b) > cap) & (b > 1), b - 1, b)
+    ok, above = mem(b) <= cap, mem(b + 1) <= cap
+    fits_one = values[0] <= cap
+    settled = ~fits_one | (ok & ~above) | (ok & (b >= hi))
+    if not settled.all():                                   # not piecewise linear here: bisect
+        lo, top = np.zeros(shape), hi.copy()
+        for _ in range(int(math.ceil(math.log2(float(hi.max())))) + 1):
+            mid = np.floor((lo + top) / 2)
+            good = mem(np.maximum(mid, 1)) <= cap
+            lo, top = np.where(good, mid, lo), np.where(good, top, mid)
+        b = np.where(settled, b, lo)
+    return np.where(fits_one, b, 0).astype(np.int64)
+
+
+def _batch_bound(s, beams, least_tokens):
+    """No batch above this fits: weights + per request at least `least_tokens` of KV and a row of logits."""
+    m = s.model
+    per_row = least_tokens * (2 * m.n_layers * m.n_kv_heads * m.head_dim) * s.kvb + m.vocab_size * SCORE_BYTES
+    free = float(s.hw.memory_bytes) - m.n_params() * s.wb
+    return np.maximum(free, 0.0) / (np.asarray(beams, float) * per_row)
 
 
 def max_batch_all_at_once(s, prompt, beams, peak_tokens):
     """Largest batch whose requests all hold their peak (`peak_tokens`) at once."""
     cap = float(s.hw.memory_bytes)
     shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, peak_tokens, s.wb, s.kvb)))
-    return _largest(lambda b: memory(s, b * beams, peak_tokens, prompt) <= cap, shape)
+    chunk = s.profile.prefill_chunk_tokens
+    knots = () if chunk is None else (float(chunk) / (np.asarray(beams, float) * np.asarray(prompt, float)),)
+    return _largest(lambda b: memory(s, b * beams, peak_tokens, prompt), cap, shape,
+                    _batch_bound(s, beams, peak_tokens), knots)
 
 
 def continuous(s) -> bool:
@@ -91,7 +121,10 @@ def max_batch_steady(s, prompt, beams, peak_tokens, prompt_tokens, held_tokens):
         return max_batch_all_at_once(s, prompt, beams, peak_tokens)
     cap = float(s.hw.memory_bytes)
     shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, prompt_tokens, held_tokens, s.wb, s.kvb)))
-    return _largest(lambda b: steady_memory(s, b, beams, prompt, prompt_tokens, held_tokens) <= cap, shape)
+    chunk, n = float(s.profile.prefill_chunk_tokens), np.asarray(prompt, float)
+    knots = (prefilling(s, MAX_BATCH_LIMIT, n), chunk / (np.asarray(beams, float) * n))
+    return _largest(lambda b: steady_memory(s, b, beams, prompt, prompt_tokens, held_tokens), cap, shape,
+                    _batch_bound(s, beams, np.minimum(prompt_tokens, held_tokens)), knots)
 
 
 def held_tokens_from_override(policy: str, kv_rows) -> float:

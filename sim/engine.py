@@ -415,8 +415,10 @@ def _drop_layer_axis(t: TimedOps) -> TimedOps:
                     t.time[..., 0], t.step_time[..., 0], t.inside)
 
 
-def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False):
-    """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,)."""
+def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False,
+             parts=("prefill", "decode")):
+    """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,).
+    `parts` may skip the prefill or the decode (its outputs are then 0)."""
     col = lambda a: np.asarray(a, float)[:, None, None]                      # (P, 1, 1)
     b, k, n, p, r = col(batch), col(beams), col(prompt), col(cache_ratio), col(recent_ratio)
     per_point = {f: col(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector")
@@ -424,8 +426,15 @@ def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_
     if per_point:                                                            # mixed dtypes: widths per point
         s = replace(s, **per_point)
     keep = FIELDS if keep_ops else ("kv_read_bytes",)
-    pre = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r)), keep=keep))
-    ttft = pre.step_time[:, 0]
+    zeros = np.zeros(np.shape(b)[0])
+    if "prefill" in parts:
+        pre = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r)), keep=keep))
+        ttft = pre.step_time[:, 0]
+    else:
+        pre, ttft = None, zeros
+    if "decode" not in parts:
+        return dict(ttft_s=ttft, tpot_s=zeros, e2e_s=ttft)
+    lean = "prefill" not in parts and not keep_ops       # capacity's decode-only pass: TPOT alone
     nodes, weights = decode_nodes(s.policy, gen, kv_override)                # (P or 1, nodes)
     if kv_override is None:
         past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0], model=s.model)[..., None], 1
@@ -436,6 +445,8 @@ def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_
     t_steps = np.maximum(np.asarray(gen, float) - 1.0, 0.0)
     mean = lambda a: (a * weights).sum(-1)                                   # over decode-step nodes
     tpot = np.where(t_steps > 0, mean(dec.step_time), 0.0)
+    if lean:
+        return dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot)
     tm, tc = mean(dec.t_memory.sum(0)), mean(dec.t_compute.sum(0))
     out = dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot,
                decode_memory_time_s=tm, decode_compute_time_s=tc,
@@ -503,25 +514,42 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     return out
 
 
+def _latency_at(s: Setup, batches, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, parts) -> list:
+    """_latency at several batch arrays (each of the points' shape) in one pass: the points are stacked,
+    so the per-call cost of the operator tables is paid once (sweeps evaluate small groups)."""
+    k, n = len(batches), np.size(prompt)
+    tile = lambda a: np.tile(np.asarray(a, float), k) if np.ndim(a) else a
+    per_point = {f: tile(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector")
+                 if np.ndim(getattr(s, f))}
+    stacked = replace(s, **per_point) if per_point else s
+    out = _latency(stacked, np.maximum(np.concatenate(batches), 1.0), tile(beams), tile(prompt), tile(gen),
+                   tile(cache_ratio), tile(recent_ratio), kv_override, parts=parts)
+    key = "ttft_s" if parts == ("prefill",) else "tpot_s"
+    return [out[key][i * n:(i + 1) * n] for i in range(k)]
+
+
 def _capacity(s: Setup, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, peak_tokens) -> dict:
     """Max batch and saturated throughput, in the steady state of continuous batching and all at once."""
-    lat = lambda b: _latency(s, np.maximum(b, 1), beams, prompt, gen, cache_ratio, recent_ratio, kv_override)
     every = capacity.max_batch_all_at_once(s, prompt, beams, peak_tokens)
-    at_every = lat(every)
-    out = dict(max_batch_all_at_once=every,
-               max_batch_all_at_once_tokens_per_s=np.where(every > 0, every * gen / at_every["e2e_s"], 0.0))
+    args = (beams, prompt, gen, cache_ratio, recent_ratio, kv_override)
     if not capacity.continuous(s):
-        steady, at_steady, per_prefill, ttft = every, at_every, np.maximum(every, 1), at_every["ttft_s"]
+        at_every = _latency(s, np.maximum(every, 1), *args)
+        steady, per_prefill, ttft, tpot = every, np.maximum(every, 1), at_every["ttft_s"], at_every["tpot_s"]
+        every_e2e = at_every["e2e_s"]
     else:
         held = (kvlen.steady_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model) if kv_override is None
                 else np.array([capacity.held_tokens_from_override(s.policy, kv_override)]))
         steady = capacity.max_batch_steady(s, prompt, beams, peak_tokens, kvlen.windowed(s.model, prompt), held)
-        at_steady = lat(steady)
         per_prefill = capacity.prefilling(s, np.maximum(steady, 1), prompt)
-        ttft = lat(per_prefill)["ttft_s"]
+        # prefill at the all-at-once batch and at the steady state's prefill rows; decode at both batches
+        ttft_every, ttft = _latency_at(s, [every, per_prefill], *args, parts=("prefill",))
+        tpot_every, tpot = _latency_at(s, [every, steady], *args, parts=("decode",))
+        every_e2e = ttft_every + np.maximum(gen - 1.0, 0.0) * tpot_every
+    out = dict(max_batch_all_at_once=every,
+               max_batch_all_at_once_tokens_per_s=np.where(every > 0, every * gen / every_e2e, 0.0))
     out["max_batch"] = steady
-    out["max_batch_tokens_per_s"] = capacity.saturated_tokens_per_s(steady, gen, per_prefill, ttft, at_steady["tpot_s"])
-    out["max_batch_tpot_s"] = np.where(steady > 0, at_steady["tpot_s"], np.nan)
+    out["max_batch_tokens_per_s"] = capacity.saturated_tokens_per_s(steady, gen, per_prefill, ttft, tpot)
+    out["max_batch_tpot_s"] = np.where(steady > 0, tpot, np.nan)
     return out
 
 

@@ -101,53 +101,54 @@ def kernel_hosts(ops) -> list | None:
     return hosts
 
 
-def _group_sum(values, hosts):
-    """Per kernel sums at the host rows (zero at the fused rows)."""
-    out = np.array(values, dtype=float, copy=True)
+def _kernels(hosts):
+    """{host index: [fused op indices]} for the kernels that have ops inside them."""
+    kernels = {}
     for i, h in enumerate(hosts):
         if h != i:
-            out[h] = out[h] + out[i]
-            out[i] = 0.0
-    return out
-
-
-def _spread(values, hosts):
-    """The host row's value at every row of its kernel."""
-    out = np.array(values, dtype=float, copy=True)
-    for i, h in enumerate(hosts):
-        if h != i:
-            out[i] = out[h]
-    return out
+            kernels.setdefault(h, []).append(i)
+    return kernels
 
 
 def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
-    """Compute, memory and total seconds per op occurrence, each (n_ops, *shape), launches excluded
-    from the first two and included in the third; fused ops' compute and memory seconds are moved to
-    their kernel's row (so sums over ops are unchanged) and their total is 0.
+    """Compute, memory and kernel seconds per op occurrence, each (n_ops, *shape), launches excluded,
+    and the launches per op; fused ops' compute and memory seconds are moved to their kernel's row (so
+    sums over ops are unchanged) and their kernel seconds are 0.
 
     `s` is a sim.engine.Setup (peaks may be per-point arrays); `flops` and `nbytes` are per occurrence;
     `factors` the per-op streaming factors (sim.engine._stream_factors, None when all 1); `hosts`
     kernel_hosts(ops), passed when the caller has it."""
-    hw = s.hw
+    hw, n_ops = s.hw, len(ops)
     extra = (1,) * (np.ndim(flops) - 1)
     gemm = np.array([op.gemm for op in ops]).reshape(-1, *extra)
-    gemm_class = np.array([op.gemm or op.matmul for op in ops]).reshape(-1, *extra)
     peak = np.where(gemm, s.peak_gemm, s.peak_vector)     # peaks may be per-point arrays (mixed dtypes)
+    peak = np.broadcast_to(peak, (n_ops,) + np.shape(peak)[1:])
     t_compute = flops / peak                                # no ramp: every op that is not a GEMM
-    if gemm_class.any():
-        tiled = flops / (peak * gemm_rows_limit(hw, ops, compute_efficiency(hw, np.maximum(flops, 1.0), peak)))
+    rows = [i for i, op in enumerate(ops) if op.gemm or op.matmul]
+    if rows:                                                # GEMM-class: tiled (ramp) or streaming kernel
+        f, p = flops[rows], peak[rows]
+        tiled = f / (p * gemm_rows_limit(hw, [ops[i] for i in rows], compute_efficiency(hw, np.maximum(f, 1.0), p)))
         if s.stream_flops > 0:
-            tiled = np.minimum(tiled, flops / s.stream_flops)
-        t_compute = np.where(gemm_class, tiled, t_compute)
+            tiled = np.minimum(tiled, f / s.stream_flops)
+        t_compute[rows] = tiled
     t_compute = _own_rates(ops, t_compute, flops, peak)
     if hosts is None:
         hosts = kernel_hosts(ops)
-    kernel_bytes = nbytes if hosts is None else _spread(_group_sum(nbytes, hosts), hosts)
-    b_eff = hw.bw_efficiency(np.maximum(kernel_bytes, 1.0))
+    kernels = _kernels(hosts) if hosts is not None else {}
+    sizes = nbytes
+    if kernels:                     # a kernel streams all its ops' bytes: one size on the curve
+        sizes = np.array(nbytes, dtype=float, copy=True)
+        for h, inside in kernels.items():
+            sizes[[h] + inside] = nbytes[h] + sum(nbytes[i] for i in inside)
+    b_eff = hw.bw_efficiency(np.maximum(sizes, 1.0))
     if factors is not None:
         b_eff = b_eff * factors
     t_memory = nbytes / (hw.memory_bw * b_eff)
+    for h, inside in kernels.items():
+        for i in inside:
+            t_compute[h] += t_compute[i]
+            t_memory[h] += t_memory[i]
+        t_compute[inside] = 0.0
+        t_memory[inside] = 0.0
     launches = np.array([op.launches for op in ops], dtype=float).reshape(-1, *extra)
-    if hosts is not None:
-        t_compute, t_memory = _group_sum(t_compute, hosts), _group_sum(t_memory, hosts)
     return t_compute, t_memory, np.maximum(t_compute, t_memory), launches
