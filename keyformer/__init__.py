@@ -14,16 +14,19 @@ from keyformer.base import Policy, ScoreWork, StepEvent
 from keyformer.full import FullPolicy
 from keyformer.h2o import H2OPolicy
 from keyformer.keyformer import KeyformerPolicy
+from keyformer.snapkv import SnapKVPolicy
 from keyformer.streaming import StreamingPolicy
+from keyformer.tova import TOVAPolicy
 from keyformer.window import WindowPolicy
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (FullPolicy, WindowPolicy, StreamingPolicy, H2OPolicy, KeyformerPolicy)
+    cls.name: cls for cls in (FullPolicy, WindowPolicy, StreamingPolicy, H2OPolicy, KeyformerPolicy, SnapKVPolicy,
+                              TOVAPolicy)
 }
 
 
 def make_policy(name: str, **params) -> Policy:
-    """A policy by name (`full window streaming h2o keyformer`) with its dataclass parameters."""
+    """A policy by name (`full window streaming h2o keyformer snapkv tova`) with its dataclass parameters."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}")
     cls = POLICIES[name]
@@ -36,4 +39,4 @@ def make_policy(name: str, **params) -> Policy:
 
 
 __all__ = ["POLICIES", "Policy", "ScoreWork", "StepEvent", "make_policy", "FullPolicy", "WindowPolicy",
-           "StreamingPolicy", "H2OPolicy", "KeyformerPolicy"]
+           "StreamingPolicy", "H2OPolicy", "KeyformerPolicy", "SnapKVPolicy", "TOVAPolicy"]

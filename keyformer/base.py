@@ -87,6 +87,8 @@ class Policy:
     evicts: ClassVar[bool] = True
     needs_scores: ClassVar[bool] = False
     score_flops_per_element: ClassVar[int] = 0
+    evicts_while_decoding: ClassVar[bool] = True  # False: selection at the prompt only, then the cache grows
+    accumulates: ClassVar[bool] = True  # False: each decode step's score replaces the previous one (TOVA)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.cache_ratio <= 1.0:
@@ -126,8 +128,13 @@ class Policy:
         return getattr(self, "selection", "paper") == "official"
 
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
-        """This step's score per (B, H_kv, G, q, S) entry from the fp32 logits and the model's softmax."""
+        """This step's score per (B, H_kv, G, q, S) entry from the fp32 logits and the model's softmax (a policy
+        that scores one query row returns q = 1)."""
         return None
+
+    def finalize_prompt_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """The prompt's (B, H_kv, n) scores just before selection (SnapKV pools them)."""
+        return scores
 
     def begin_sequence(self) -> None:
         """Called at each prefill (e.g. to reseed noise)."""
@@ -179,6 +186,7 @@ class Policy:
         self.prompt_lengths = valid.sum(-1)  # real, unpadded lengths
         if int(self.prompt_lengths.min()) < 1:
             raise ValueError("every sequence needs at least one real (unpadded) prompt token")
+        self.decode_evicts = self.evicts and self.evicts_while_decoding
         if self.evicts:
             base = self.prompt_lengths
             if self.budget_base == "padded":
@@ -205,10 +213,11 @@ class Policy:
         self.prompt_positions = torch.where(valid, positions, -1)
         self.query_valid = valid
         # Sequences whose prompt is shorter than what they hold grow (no eviction) until they reach it.
-        self.growing = self.evicts and bool((self.hold > self.prompt_lengths).any())
+        self.growing = self.decode_evicts and bool((self.hold > self.prompt_lengths).any())
         self._over = None  # growing: which sequences evict at this decode step
         # With equal budgets every slot is filled once the newcomer is written: no slot mask is needed.
-        self.dense_slots = self.evicts and not self.growing and bool((self.budget == self.budget[0]).all())
+        self.dense_slots = (self.decode_evicts and not self.growing
+                            and bool((self.budget == self.budget[0]).all()))
         self.next_position = self.prompt_lengths.clone()  # original position of the next token
         self.step = -1
         self.score_work.reset()
@@ -227,8 +236,12 @@ class Policy:
         if self.growing:  # a sequence holding min(hold, n + s) tokens before step s evicts once n + s >= hold
             self._over = self.prompt_lengths + self.step >= self.hold
         if self.position_mode == "renumber" and self.evicts:
-            # The newcomer sits right after the k tokens held (StreamingLLM-style query position).
-            return self.budget.unsqueeze(-1)
+            # The newcomer sits right after the tokens held (StreamingLLM-style query position): k once full.
+            if self.decode_evicts:
+                held = torch.minimum(self.hold, self.prompt_lengths + self.step)
+            else:
+                held = torch.minimum(self.budget, self.prompt_lengths) + self.step
+            return held.unsqueeze(-1)
         return self.current_position.unsqueeze(-1)
 
     def _newcomer_positions(self, batch: int, heads: int) -> torch.Tensor:
@@ -260,15 +273,41 @@ class Policy:
             increment = self.score_increment(logits, probs) if self.needs_scores else None
             elements = logits.numel() if increment is not None else 0
             if increment is not None:
-                if layer.in_prefill:  # padded query rows attend to nothing real: they must not vote
+                if layer.in_prefill and increment.shape[3] == logits.shape[3]:
+                    # padded query rows attend to nothing real: they must not vote
                     increment = increment * self.query_valid[:, None, None, :, None]
                 increment = _reduce_queries(increment, self.gqa_reduce)
                 _check_finite(increment, self, layer.layer_idx)
+        self._use_scores(layer, increment, elements)
+
+    def observe_scores(self, layer, increment: torch.Tensor | None, elements: int) -> None:
+        """`observe_attention` from an already reduced (B, H_kv, S) score (a replayed prompt whose scores were
+        computed by an earlier policy with the same scoring parameters: keyformer.generate)."""
+        self._use_scores(layer, increment, elements)
+
+    def prompt_score_key(self):
+        """What the prompt's scores depend on: every parameter but the budget's. Policies with equal keys score
+        a prompt identically (and leave their random generator in the same state)."""
+        params = {k: v for k, v in self.params().items() if k not in ("cache_ratio",)}
+        return (type(self).__name__, tuple(sorted((k, repr(v)) for k, v in params.items())))
+
+    def rng_state(self):
+        """The state of the policy's random generator, if it has one (restored by a replayed prompt)."""
+        return None
+
+    def set_rng_state(self, state) -> None:
+        pass
+
+    def _use_scores(self, layer, increment: torch.Tensor | None, elements: int) -> None:
+        with self._timed():
             if layer.in_prefill:
-                self._select_prompt(layer, increment)
+                self._select_prompt(layer, None if increment is None else self.finalize_prompt_scores(increment))
             else:
                 if increment is not None:
-                    layer.scores += increment
+                    if self.accumulates:
+                        layer.scores += increment
+                    else:
+                        layer.scores.copy_(increment)
                 self._evict_one(layer)
             self.score_work.add(self.step, elements, elements * self.score_flops_per_element,
                                 layer.positions.numel() if self.evicts else 0)
@@ -305,7 +344,7 @@ class Policy:
     def _evict_one(self, layer) -> None:
         """Evict the lowest-priority token outside the protected window, one per (sequence, KV head); a
         sequence still below what it holds (growing) evicts nothing and fills its next empty slot."""
-        if not self.evicts:
+        if not self.decode_evicts:  # full, or a prompt-time-only policy: the cache grows
             layer.free_slot = layer.free_slot + 1
             return
         pos = layer.positions

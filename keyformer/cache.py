@@ -135,7 +135,7 @@ class SlotLayer(CacheLayerMixin):
 
     def _ensure_free_slot(self) -> None:
         """Policies without eviction (full) grow: amortised doubling, so growth copies are rare."""
-        if self.policy.evicts:
+        if self.policy.evicts and self.policy.evicts_while_decoding:
             return
         slots = self.keys.shape[-2]
         if int(self.free_slot.max()) < slots:

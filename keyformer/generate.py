@@ -125,6 +125,9 @@ class PrefillRecord:
     logits: list  # layer -> (B, H_kv, G, n, n) fp32
     last_logits: torch.Tensor  # (B, vocab)
     wall_s: float
+    # prompt_score_key -> (per-layer reduced scores, elements, generator state after the prompt): a policy that
+    # scores the prompt like an earlier one (Keyformer at another cache ratio) reuses its scores
+    scores: dict = field(default_factory=dict)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for group in (self.keys, self.values, self.logits) for t in group)
@@ -155,9 +158,30 @@ def _replay_prefill(model, policy, record: PrefillRecord) -> tuple:
     cache = compat.DynamicCache()
     install_slot_layers(policy, cache, len(record.keys))
     policy.start_prompt(record.attention_mask, record.input_ids)
-    for layer, keys, values, logits in zip(cache.layers, record.keys, record.values, record.logits):
-        layer.update(keys, values)
-        policy.observe_attention(layer, logits, torch.softmax(logits, dim=-1))
+    key = policy.prompt_score_key() if policy.needs_scores else None
+    cached = record.scores.get(key)
+    if cached is not None:
+        per_layer, elements, rng = cached
+        for layer, keys, values, scores in zip(cache.layers, record.keys, record.values, per_layer):
+            layer.update(keys, values)
+            policy.observe_scores(layer, None if scores is None else scores.clone(), elements)
+        policy.set_rng_state(rng)
+        return cache, record.last_logits
+    seen = []
+    original = policy.finalize_prompt_scores
+
+    def keep(scores):  # the reduced prompt scores, before the policy's own finalisation
+        seen.append(scores.clone())
+        return original(scores)
+    policy.finalize_prompt_scores = keep
+    try:
+        for layer, keys, values, logits in zip(cache.layers, record.keys, record.values, record.logits):
+            layer.update(keys, values)
+            policy.observe_attention(layer, logits, torch.softmax(logits, dim=-1))
+    finally:
+        del policy.finalize_prompt_scores
+    if key is not None and len(seen) == len(cache.layers):
+        record.scores[key] = (seen, record.logits[0].numel(), policy.rng_state())
     return cache, record.last_logits
 
 

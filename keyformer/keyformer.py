@@ -58,6 +58,17 @@ class KeyformerPolicy(Policy):
         self._generator = None  # reseeded lazily on the logits' device: same seed, same kept tokens
         self._pool, self._pool_step = None, None
 
+    def rng_state(self):
+        if self._generator is None:
+            return None
+        return (self._generator.device, self._generator.get_state())
+
+    def set_rng_state(self, state) -> None:
+        if state is not None:
+            device, value = state
+            self._generator = torch.Generator(device=device)
+            self._generator.set_state(value)
+
     def temperature(self, t: int) -> float:
         """tau_t = tau_init + t (tau_end - tau_init) / T, t = 0 at the prompt, t = s + 1 at decode step s."""
         if t == 0 or self.tau_end == self.tau_init:

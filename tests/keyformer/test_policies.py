@@ -12,6 +12,7 @@ from tests.keyformer.tiny_models import VOCAB, build
 PROMPT_LEN = 24
 STEPS = 6
 TOL = 1e-5
+GROWING = ("full", "snapkv")  # no eviction while decoding: the cache grows by one token a step
 
 
 def prompt(length=PROMPT_LEN, seed=0, batch=1):
@@ -67,7 +68,7 @@ def test_budget_window_sinks_and_in_place_slots(case):
             assert layer.keys.shape[-2] == k + 1  # the prompt-sized K/V were released
         for step in range(STEPS):
             decode_one_token(state)
-            if name != "full":
+            if name not in GROWING:
                 assert [layer.keys.data_ptr() for layer in policy.layers] == buffers  # no copy of the cache
     n_layers = len(policy.layers)
     assert len(events) == n_layers * (STEPS + 1)
@@ -75,13 +76,15 @@ def test_budget_window_sinks_and_in_place_slots(case):
     for event in events:
         held = event.kept_positions
         newest = PROMPT_LEN - 1 + (event.step + 1)
-        expected = k + event.step + 1 if name == "full" else k
+        expected = k + event.step + 1 if name in GROWING else k
         assert event.kv_len == expected
         assert held.shape[-1] == expected and bool((held >= 0).all())
         for head in held[0]:
             kept = set(head.tolist())
             assert len(kept) == expected
             assert set(range(newest - w + 1, newest + 1)) <= kept  # recent window
+            if name == "snapkv":  # the observation window, then every generated token
+                assert set(range(PROMPT_LEN - w, newest + 1)) <= kept
             if name == "streaming":
                 assert {0, 1, 2, 3} <= kept
             if name == "window":
@@ -349,6 +352,19 @@ def test_replayed_prefill_equals_the_forward(case):
     assert all(torch.allclose(a, b) for a, b in zip(scores_a, scores_b))
     with pytest.raises(ValueError, match="another input"):
         prefill(model, policy_for(name, **ratio_params(name, 0.5)), prompt(seed=12), record=record)
+    # A second budget of the same policy reuses the recorded prompt scores (and the generator state after
+    # them): still the same as running its prompt forward.
+    if name != "full":
+        outcomes = []
+        for rec in (None, record):
+            policy = policy_for(name, cache_ratio=0.3)
+            with prefill(model, policy, ids, record=rec) as state:
+                decode_n_tokens(state, STEPS)
+                outcomes.append((state.tokens.clone(), policy.kept_positions(0).clone(), policy.score_work.elements))
+        assert torch.equal(outcomes[0][0], outcomes[1][0]) and torch.equal(outcomes[0][1], outcomes[1][1])
+        assert outcomes[0][2] == outcomes[1][2]
+        if policy.needs_scores:
+            assert len(record.scores) == 1
 
 
 def _official_reference_kept(model, ids, k: int, w: int, steps: int) -> dict:
@@ -424,3 +440,54 @@ def test_padded_budget_base_keeps_short_prompts_whole_until_the_cache_grows(sele
     assert not torch.allclose(ours[-1], reference[len(ours) - 1], atol=TOL, rtol=0)
     with pytest.raises(ValueError, match="budget_base"):
         make_policy("h2o", budget_base="max_length")
+
+
+@pytest.mark.parametrize("pooling", ["avg", "max"])
+def test_snapkv_selects_from_the_pooled_observation_window(pooling):
+    """SnapKV's rule applied to the stock model's attention: the last W queries' attention summed over them
+    and over the query heads of a KV group, pooled along the keys, top (k - W) of the first n - W, plus the
+    window; decoding appends every token."""
+    import torch.nn.functional as F
+
+    model = build("llama_gqa")
+    ids = prompt(length=40, seed=31)
+    window, kernel = 6, 5
+    policy = make_policy("snapkv", cache_ratio=0.5, window=window, kernel=kernel, pooling=pooling)
+    with prefill(model, policy, ids) as state:
+        k = int(policy.budget[0])
+        held = [policy.kept_positions(i).clone() for i in range(len(policy.layers))]
+        decode_n_tokens(state, 3)
+        assert policy.kv_lengths() == [k + 3] * len(policy.layers)
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    n, group = ids.shape[1], kv_group(model)
+    for layer, attn in enumerate(out.attentions):
+        votes = attn[0, :, n - window:].float().sum(dim=1)  # (H_q, n)
+        votes = votes.view(-1, group, n).sum(dim=1).unsqueeze(1)  # (H_kv, 1, n)
+        pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
+        pooled = pool(votes, kernel, stride=1, padding=kernel // 2).squeeze(1)
+        top = pooled[:, : n - window].topk(k - window, dim=-1).values
+        ours = held[layer][0]
+        assert bool((ours[:, -window:] == torch.arange(n - window, n)).all()), layer  # the window is kept
+        # the key tokens carry the top pooled scores (max pooling makes ties: compare values, not indices)
+        chosen = pooled.gather(1, ours[:, :-window]).sort(dim=-1, descending=True).values
+        assert torch.allclose(chosen, top, atol=1e-6), layer
+
+
+def test_tova_ranks_by_the_current_query_averaged_over_all_heads():
+    """TOVA keeps the top k of the last query's attention averaged over every head of the layer: at the
+    prompt (against the stock model) and at every step, one token leaves all KV heads of a layer together."""
+    model = build("llama_gqa")
+    ids = prompt(length=30, seed=32)
+    policy = make_policy("tova", cache_ratio=0.4)
+    seen = []
+    policy.add_observer(lambda e: seen.append(e))
+    with prefill(model, policy, ids) as state:
+        k = int(policy.budget[0])
+        decode_n_tokens(state, 4)
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    for event in seen:
+        held = event.kept_positions[0]  # (H_kv, k)
+        assert held.shape[-1] == k and all(torch.equal(held[0], h) for h in held)  # same set on every head
+        if event.step == -1:
+            last = out.attentions[event.layer][0, :, -1].float().mean(dim=0)  # (n,)
+            assert torch.equal(held[0], last.topk(k).indices.sort().values)
