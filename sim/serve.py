@@ -100,7 +100,8 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
     setup = engine.make_setup(cfg.hw, cfg.model, cfg.policy, cfg.weight_dtype, cfg.kv_dtype, cfg.profile)
     workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed)
     if cfg.trace is not None:
-        kv = TraceKV(load_trace(cfg.trace), cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads)
+        kv = TraceKV(load_trace(cfg.trace), cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads,
+                     model=setup.model)
     else:
         kv = PolicyKV(cfg.policy, cfg.cache_ratio, setup.model)
 

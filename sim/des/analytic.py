@@ -60,9 +60,10 @@ class TraceKV:
     per request; memory is exactly mean x all layers). Request i replays sample i mod n_samples.
     """
 
-    def __init__(self, trace, policy: str, cache_ratio: float, n_layers: int, heads: str = "mean"):
+    def __init__(self, trace, policy: str, cache_ratio: float, n_layers: int, heads: str = "mean", model=None):
         self.trace, self.policy, self.cache_ratio = trace, policy, cache_ratio
         self.n_layers, self.heads = n_layers, heads
+        self.model = model      # with sliding-window layers: each capped at its window (sim.kvlen)
         self._cache: dict[tuple[int, int], list[np.ndarray]] = {}
 
     def decode_kv(self, request: int, prompt: int, gen: int) -> np.ndarray:
@@ -70,7 +71,8 @@ class TraceKV:
         if key not in self._cache:
             per_sample, _ids = self.trace.kv_override_per_sample(self.policy, self.cache_ratio, prompt, gen,
                                                                   self.n_layers, heads=self.heads)
-            self._cache[key] = [np.ascontiguousarray(s.mean(axis=1)) for s in per_sample]
+            self._cache[key] = [np.ascontiguousarray(kvlen.windowed_per_layer(self.model, s).mean(axis=1))
+                                for s in per_sample]
         samples = self._cache[key]
         if not samples:
             raise ValueError(f"trace has no samples for {self.policy} at cache ratio {self.cache_ratio:g}")

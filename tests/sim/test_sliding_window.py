@@ -75,3 +75,15 @@ def test_trace_override_and_des_kv_are_capped_per_layer(tmp_path):
     assert r["peak_kv_tokens"][0] == pytest.approx(1001)
     steps = PolicyKV("full", 1.0, m).decode_kv(0, 6000, 8)
     assert steps.max() == pytest.approx(1000) and PolicyKV("full", 1.0).decode_kv(0, 6000, 8).min() == 6000
+
+
+def test_des_trace_kv_is_capped_per_layer(tmp_path):
+    from sim.des.analytic import TraceKV
+    m = mistral_v01(tmp_path, window=1000)
+
+    class FakeTrace:
+        def kv_override_per_sample(self, policy, cache_ratio, prompt, gen, n_layers, heads="mean"):
+            return [np.full((gen + 1, n_layers), 3000.0)], ["s0"]
+
+    assert TraceKV(FakeTrace(), "full", 1.0, m.n_layers, model=m).decode_kv(0, 3000, 4).max() == 1000
+    assert TraceKV(FakeTrace(), "full", 1.0, m.n_layers).decode_kv(0, 3000, 4).max() == 3000
