@@ -90,7 +90,10 @@ for ax, name in zip(axes[0], sweeps):
         p = q[q["policy"] == policy].sort_values("cache_ratio")
         if p.empty or policy == "full":
             continue
-        ax.plot(100 * p["cache_ratio"], p[metric], style, marker="o", ms=3, color=color, label=policy)
+        yerr = ([(p[metric] - p[f"{metric}_lo"]).clip(lower=0), (p[f"{metric}_hi"] - p[metric]).clip(lower=0)]
+                if f"{metric}_lo" in p and p[f"{metric}_lo"].notna().any() else None)  # 95% bootstrap intervals
+        ax.errorbar(100 * p["cache_ratio"], p[metric], yerr=yerr, fmt=style, marker="o", ms=3, color=color,
+                    capsize=2, label=policy)
         if len(full_value):
             ok = p[p[metric] >= 0.99 * full_value.iloc[0]]
             reach_rows.append({"trace": name, "metric": metric, "policy": policy,
@@ -119,7 +122,8 @@ quality[quality["trace"].isin(ablations)][["trace", "policy", "cache_ratio", "ma
 #
 # Mean over samples, decode steps, layers and KV heads of the share of the full-cache attention
 # probability that the kept tokens carry (measured against a full-cache shadow pass over the same
-# tokens). 1.0 at ratio 1.0 by construction.
+# tokens), with 95% bootstrap intervals. 1.0 at ratio 1.0 by construction. The measure favours H2O by
+# construction: H2O keeps exactly the tokens with the most accumulated attention.
 
 # %%
 fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 3.6), squeeze=False)
@@ -128,7 +132,11 @@ for ax, name in zip(axes[0], sweeps):
     for policy, (color, style) in POLICY_STYLES.items():
         p = q[q["policy"] == policy].sort_values("cache_ratio")
         if not p.empty:
-            ax.plot(100 * p["cache_ratio"], p["mass_retained"], style, marker="o", ms=3, color=color, label=policy)
+            yerr = ([(p["mass_retained"] - p["mass_retained_lo"]).clip(lower=0),
+                     (p["mass_retained_hi"] - p["mass_retained"]).clip(lower=0)]
+                    if "mass_retained_lo" in p and p["mass_retained_lo"].notna().any() else None)
+            ax.errorbar(100 * p["cache_ratio"], p["mass_retained"], yerr=yerr, fmt=style, marker="o", ms=3,
+                        color=color, capsize=2, label=policy)
     ax.set(title=f"{name} ({q['trace_model'].iloc[0]})", xlabel="KV cache (% of prompt)",
            ylabel="attention mass retained", ylim=(None, 1.01))
     ax.title.set_fontsize(9)
