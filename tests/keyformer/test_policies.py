@@ -280,7 +280,7 @@ def test_unsupported_configurations_are_refused():
 
 def test_make_policy_validates():
     with pytest.raises(ValueError, match="unknown policy"):
-        make_policy("snapkv")
+        make_policy("quest")
     with pytest.raises(ValueError, match="no parameter"):
         make_policy("h2o", noise="gumbel")
     with pytest.raises(ValueError, match="cache_ratio"):
