@@ -416,11 +416,13 @@ def _drop_layer_axis(t: TimedOps) -> TimedOps:
 
 
 def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False,
-             parts=("prefill", "decode")):
+             parts=("prefill", "decode"), decode_batch=None):
     """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,).
-    `parts` may skip the prefill or the decode (its outputs are then 0)."""
+    `parts` may skip the prefill or the decode (its outputs are then 0); `decode_batch` (default `batch`)
+    is the batch the decode runs at."""
     col = lambda a: np.asarray(a, float)[:, None, None]                      # (P, 1, 1)
     b, k, n, p, r = col(batch), col(beams), col(prompt), col(cache_ratio), col(recent_ratio)
+    bd = b if decode_batch is None else col(decode_batch)
     per_point = {f: col(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector")
                  if np.ndim(getattr(s, f))}
     if per_point:                                                            # mixed dtypes: widths per point
@@ -440,7 +442,7 @@ def _latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_
         past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0], model=s.model)[..., None], 1
     else:
         past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
-    dec = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", b, k, 1.0, past, p, r)),
+    dec = _drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", bd, k, 1.0, past, p, r)),
                                     layer_slots=slots, keep=keep))
     t_steps = np.maximum(np.asarray(gen, float) - 1.0, 0.0)
     mean = lambda a: (a * weights).sum(-1)                                   # over decode-step nodes
@@ -501,7 +503,16 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
         peak_tokens = np.array([max(float(kvlen.windowed(s.model, prompt[0])), held.max() + appended)])
     else:
         peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model)
-    out = _latency(s, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, keep_ops=_keep_ops)
+    # one pass over the operator tables for the points and, stacked after them, the capacity batches:
+    # prefill at (batch, all-at-once batch, steady prefill rows), decode at (batch, all at once, steady)
+    if with_capacity:
+        every, steady, per_prefill = _capacity_batches(s, beams, prompt, gen, cache_ratio, kv_override, peak_tokens)
+        pre, dec = [batch, np.maximum(every, 1), per_prefill], [batch, np.maximum(every, 1), np.maximum(steady, 1)]
+    else:
+        pre = dec = [batch]
+    lat = _stacked_latency(s, pre, dec, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, _keep_ops)
+    n = batch.size
+    out = {key: (v[:n] if not key.startswith("_") else v) for key, v in lat.items()}
     out["tokens_per_s"] = batch * gen / out["e2e_s"]
     m = s.model
     out["kv_bytes_per_token"] = np.broadcast_to(2.0 * m.n_layers * m.n_kv_heads * m.head_dim * s.kvb, batch.shape)
@@ -510,47 +521,41 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     out["peak_memory_bytes"] = capacity.memory(s, batch * beams, peak_tokens, prompt)
     out["fits"] = out["peak_memory_bytes"] <= float(s.hw.memory_bytes)
     if with_capacity:
-        out.update(_capacity(s, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, peak_tokens))
+        part = lambda key, i: lat[key][i * n:(i + 1) * n]
+        every_e2e = part("e2e_s", 1)                      # prefill and decode both at the all-at-once batch
+        out.update(max_batch_all_at_once=every,
+                   max_batch_all_at_once_tokens_per_s=np.where(every > 0, every * gen / every_e2e, 0.0),
+                   max_batch=steady,
+                   max_batch_tokens_per_s=capacity.saturated_tokens_per_s(steady, gen, per_prefill, part("ttft_s", 2),
+                                                                          part("tpot_s", 2)),
+                   max_batch_tpot_s=np.where(steady > 0, part("tpot_s", 2), np.nan))
     return out
 
 
-def _latency_at(s: Setup, batches, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, parts) -> list:
-    """_latency at several batch arrays (each of the points' shape) in one pass: the points are stacked,
-    so the per-call cost of the operator tables is paid once (sweeps evaluate small groups)."""
-    k, n = len(batches), np.size(prompt)
-    tile = lambda a: np.tile(np.asarray(a, float), k) if np.ndim(a) else a
+def _stacked_latency(s: Setup, prefill_batches, decode_batches, beams, prompt, gen, cache_ratio, recent_ratio,
+                     kv_override, keep_ops) -> dict:
+    """_latency for the points repeated once per entry of `prefill_batches` (each of the points' shape),
+    prefilling at those batches and decoding at the matching `decode_batches`: one pass over the
+    operator tables, so their per-call cost is paid once (sweeps evaluate many small groups)."""
+    k = len(prefill_batches)
+    tile = (lambda a: np.tile(np.asarray(a, float), k) if np.ndim(a) else a) if k > 1 else (lambda a: a)
     per_point = {f: tile(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector")
                  if np.ndim(getattr(s, f))}
-    stacked = replace(s, **per_point) if per_point else s
-    out = _latency(stacked, np.maximum(np.concatenate(batches), 1.0), tile(beams), tile(prompt), tile(gen),
-                   tile(cache_ratio), tile(recent_ratio), kv_override, parts=parts)
-    key = "ttft_s" if parts == ("prefill",) else "tpot_s"
-    return [out[key][i * n:(i + 1) * n] for i in range(k)]
+    stacked = replace(s, **per_point) if per_point and k > 1 else s
+    join = (lambda arrays: np.concatenate([np.asarray(a, float) for a in arrays])) if k > 1 else (lambda a: a[0])
+    return _latency(stacked, join(prefill_batches), tile(beams), tile(prompt), tile(gen), tile(cache_ratio),
+                    tile(recent_ratio), kv_override, keep_ops=keep_ops, decode_batch=join(decode_batches))
 
 
-def _capacity(s: Setup, beams, prompt, gen, cache_ratio, recent_ratio, kv_override, peak_tokens) -> dict:
-    """Max batch and saturated throughput, in the steady state of continuous batching and all at once."""
+def _capacity_batches(s: Setup, beams, prompt, gen, cache_ratio, kv_override, peak_tokens):
+    """(all-at-once max batch, steady-state max batch, requests prefilled at once in the steady state)."""
     every = capacity.max_batch_all_at_once(s, prompt, beams, peak_tokens)
-    args = (beams, prompt, gen, cache_ratio, recent_ratio, kv_override)
-    if not capacity.continuous(s):
-        at_every = _latency(s, np.maximum(every, 1), *args)
-        steady, per_prefill, ttft, tpot = every, np.maximum(every, 1), at_every["ttft_s"], at_every["tpot_s"]
-        every_e2e = at_every["e2e_s"]
-    else:
-        held = (kvlen.steady_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model) if kv_override is None
-                else np.array([capacity.held_tokens_from_override(s.policy, kv_override)]))
-        steady = capacity.max_batch_steady(s, prompt, beams, peak_tokens, kvlen.windowed(s.model, prompt), held)
-        per_prefill = capacity.prefilling(s, np.maximum(steady, 1), prompt)
-        # prefill at the all-at-once batch and at the steady state's prefill rows; decode at both batches
-        ttft_every, ttft = _latency_at(s, [every, per_prefill], *args, parts=("prefill",))
-        tpot_every, tpot = _latency_at(s, [every, steady], *args, parts=("decode",))
-        every_e2e = ttft_every + np.maximum(gen - 1.0, 0.0) * tpot_every
-    out = dict(max_batch_all_at_once=every,
-               max_batch_all_at_once_tokens_per_s=np.where(every > 0, every * gen / every_e2e, 0.0))
-    out["max_batch"] = steady
-    out["max_batch_tokens_per_s"] = capacity.saturated_tokens_per_s(steady, gen, per_prefill, ttft, tpot)
-    out["max_batch_tpot_s"] = np.where(steady > 0, tpot, np.nan)
-    return out
+    if not capacity.continuous(s):                        # a static batch: the steady state is all at once
+        return every, every, np.maximum(every, 1).astype(float)
+    held = (kvlen.steady_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model) if kv_override is None
+            else np.array([capacity.held_tokens_from_override(s.policy, kv_override)]))
+    steady = capacity.max_batch_steady(s, prompt, beams, peak_tokens, kvlen.windowed(s.model, prompt), held)
+    return every, steady, capacity.prefilling(s, np.maximum(steady, 1), prompt)
 
 
 def _validate_points(batch, beams, prompt, gen, cache_ratio, recent_ratio):
