@@ -250,8 +250,7 @@ class Policy:
     def _reorder_sequences(self, beam_idx: torch.Tensor) -> None:
         self.prompt_groups = None  # after the prompt, beams are separate sequences
         for name in ("prompt_lengths", "budget", "recent", "hold", "protect", "key_limit", "key_from_step",
-                     "_over", "next_position",
-                     "current_position", "_window_floor"):
+                     "_over", "next_position", "current_position", "_window_floor"):
             tensor = getattr(self, name, None)
             if tensor is not None:
                 setattr(self, name, tensor.index_select(0, beam_idx.to(tensor.device)))
@@ -278,12 +277,7 @@ class Policy:
                     increment = increment * self.query_valid[:, None, None, :, None]
                 increment = _reduce_queries(increment, self.gqa_reduce)
                 _check_finite(increment, self, layer.layer_idx)
-        self._use_scores(layer, increment, elements)
-
-    def observe_scores(self, layer, increment: torch.Tensor | None, elements: int) -> None:
-        """`observe_attention` from an already reduced (B, H_kv, S) score (a replayed prompt whose scores were
-        computed by an earlier policy with the same scoring parameters: keyformer.generate)."""
-        self._use_scores(layer, increment, elements)
+        self.observe_scores(layer, increment, elements)
 
     def prompt_score_key(self):
         """What the prompt's scores depend on: every parameter but the budget's. Policies with equal keys score
@@ -298,7 +292,10 @@ class Policy:
     def set_rng_state(self, state) -> None:
         pass
 
-    def _use_scores(self, layer, increment: torch.Tensor | None, elements: int) -> None:
+    def observe_scores(self, layer, increment: torch.Tensor | None, elements: int) -> None:
+        """Select (prefill) or accumulate and evict (decode) from a reduced (B, H_kv, S) score; also the entry
+        of a replayed prompt whose scores an earlier policy with the same scoring parameters computed
+        (keyformer.generate)."""
         with self._timed():
             if layer.in_prefill:
                 self._select_prompt(layer, None if increment is None else self.finalize_prompt_scores(increment))

@@ -208,8 +208,7 @@ def trace_quality(trace: traces.Trace, samples: pd.DataFrame | None = None) -> p
     steps = trace.steps.assign(cache_ratio=trace.steps["cache_ratio"].astype(float).round(4))
     decode = steps[steps["phase"] == "decode"]
     decode_ms = decode.groupby(["policy", "cache_ratio"])["wall_s"].median() * 1e3
-    out["decode_ms"] = [decode_ms.get((p if seed_of(p) is None or p == "keyformer" else _capture_label(p), r),
-                                      math.nan) for p, r in zip(out["policy"], out["cache_ratio"])]
+    out["decode_ms"] = [decode_ms.get((_capture_label(p), r), math.nan) for p, r in zip(out["policy"], out["cache_ratio"])]
     if "rouge2" in out and (out["policy"] == FULL).any():
         full_r2 = float(out.loc[out["policy"] == FULL, "rouge2"].iloc[0])
         out["rouge2_pct_full"] = 100.0 * out["rouge2"] / full_r2 if full_r2 > 0 else math.nan
