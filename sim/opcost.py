@@ -150,5 +150,9 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
             t_memory[h] += t_memory[i]
         t_compute[inside] = 0.0
         t_memory[inside] = 0.0
-    launches = np.array([op.launches for op in ops], dtype=float).reshape(-1, *extra)
+    counts = [op.launches for op in ops]
+    if all(np.ndim(c) == 0 for c in counts):
+        launches = np.array(counts, dtype=float).reshape(-1, *extra)
+    else:   # per-point launch counts (an op that only some dtypes of a mixed grid run)
+        launches = np.stack([np.broadcast_to(np.asarray(c, dtype=float), np.shape(flops)[1:]) for c in counts])
     return t_compute, t_memory, np.maximum(t_compute, t_memory), launches

@@ -223,8 +223,7 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
         eager_glue(ctx),
         *repeat_kv(ctx),
     ]
-    if ab < SCORE_BYTES:   # 16-bit logits: softmax(x.float()).to(dtype) = two casts over the logits
-        ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
+    ops += score_upcast(ctx, elems)
     ops += policy_eager_ops(ctx, "hf")
     if ctx.policy in SCORED:
         # physical eviction every EVICT_INTERVAL steps: gather the kept K/V into a fresh buffer.
@@ -232,6 +231,20 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
                       kv_write_bytes=_kv_bytes(ctx, past) / EVICT_INTERVAL, launches=4 / EVICT_INTERVAL,
                       fresh_tensor_bytes=_kv_bytes(ctx, past) / 2))
     return ops
+
+
+def score_upcast(ctx: OpContext, elems) -> list[Op]:
+    """16-bit logits: softmax(x.float()).to(dtype) = two casts over the logits; none for fp32 logits.
+    In a grid mixing dtypes `ctx.ab` is per point: the op is there with zero bytes and launches where
+    the logits are fp32."""
+    ab = ctx.ab
+    if np.ndim(ab) == 0:
+        return [Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2)] if ab < SCORE_BYTES else []
+    upcast = np.asarray(ab) < SCORE_BYTES
+    if not upcast.any():
+        return []
+    return [Op("score_upcast", True, act_bytes=np.where(upcast, 2 * elems * (ab + SCORE_BYTES), 0.0),
+               launches=np.where(upcast, 2.0, 0.0))]
 
 
 def hf_prefill_ops(ctx: OpContext) -> list[Op]:
@@ -249,8 +262,7 @@ def hf_prefill_ops(ctx: OpContext) -> list[Op]:
         eager_glue(ctx),
         *repeat_kv(ctx),
     ]
-    if ab < SCORE_BYTES:
-        ops.append(Op("score_upcast", True, act_bytes=2 * elems * (ab + SCORE_BYTES), launches=2))
+    ops += score_upcast(ctx, elems)
     if ctx.policy == "keyformer":
         # Gumbel path: copy.deepcopy of the n x n logits, noise, noisy softmax, column sums.
         path = POLICY_PATHS[("hf", "keyformer")]

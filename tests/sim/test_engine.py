@@ -83,7 +83,10 @@ def test_beams_multiply_rows_but_not_output_tokens(device):
     assert wide.tokens_per_s == pytest.approx(rows.tokens_per_s / 4)
 
 
-def test_evaluate_matches_predict_and_mixed_dtypes_match_separate_runs(device):
+@pytest.mark.parametrize("profile", ["fused", "hf-eager", "kvsim-eager", "hf"])
+def test_evaluate_matches_predict_and_mixed_dtypes_match_separate_runs(device, profile):
+    """Per-point dtypes give each point's own answer under every profile (hf-eager's fp32-logit upcast
+    exists only for 16-bit activations: one op with per-point bytes and launches)."""
     rng = np.random.default_rng(1)
     n = 40
     batch, prompt, gen = rng.integers(1, 64, n), rng.integers(16, 8000, n), rng.integers(1, 2000, n)
@@ -91,10 +94,10 @@ def test_evaluate_matches_predict_and_mixed_dtypes_match_separate_runs(device):
     kv = np.array(["bf16", "fp8", "int4", "fp16"], dtype=object)[rng.integers(0, 4, n)]
     wd = np.array(["bf16", "fp8", "int8", "fp32"], dtype=object)[rng.integers(0, 4, n)]
     mixed = evaluate(device, "llama-3-8b", "keyformer", batch=batch, prompt=prompt, gen=gen, cache_ratio=ratio,
-                     kv_dtype=kv, weight_dtype=wd)
+                     kv_dtype=kv, weight_dtype=wd, profile=profile)
     for i in range(0, n, 7):
         one = predict(device, "llama-3-8b", int(batch[i]), int(prompt[i]), int(gen[i]), "keyformer", ratio[i],
-                      kv_dtype=kv[i], weight_dtype=wd[i])
+                      kv_dtype=kv[i], weight_dtype=wd[i], profile=profile)
         assert mixed["tpot_s"][i] == pytest.approx(one.tpot_s, rel=1e-9)
         assert mixed["ttft_s"][i] == pytest.approx(one.ttft_s, rel=1e-9)
         assert mixed["max_batch"][i] == one.max_batch
