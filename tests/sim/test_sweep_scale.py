@@ -170,7 +170,7 @@ def test_bad_run_flags_are_one_line_exit_2(argv, fragment, capsys, tmp_path):
 
 def test_unreachable_scheduler_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(runner, "DASK_CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(runner.executors, "DASK_CONNECT_TIMEOUT", "1s")
     code, out, err = sweep_cli(SMALL + ["--scheduler", "tcp://127.0.0.1:9", "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "cannot reach the Dask scheduler" in err and err.count("\n") == 1
 

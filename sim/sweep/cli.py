@@ -1,0 +1,123 @@
+"""`python -m sim.sweep`'s command line: flags over the YAML config, the phases, the outputs."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sim import runner
+from sim.cli import ArgumentParser, csv_list, positive_int
+from sim.sweep.analytic import evaluate
+from sim.sweep.des import evaluate_des, write_des_outputs
+from sim.sweep.grid import GridConfig, build_grid
+from sim.sweep.options import ENGINES, OWN, RunOptions, load_config
+from sim.sweep.phases import execution_line, run_phase, trace_phase
+from sim.sweep.summary import write_outputs
+
+DESCRIPTION = "`python -m sim.sweep`: evaluate a grid of design points and write a table, plots and a summary."
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m sim.sweep", description=DESCRIPTION)
+    p.add_argument("--config", help="YAML file with grid axes (keys as in GridConfig) and run options")
+    p.add_argument("--out", help="output folder (default results/sweep-<UTC timestamp>)")
+    d = GridConfig.__dataclass_fields__
+    default = lambda name: ",".join(str(v) for v in d[name].default_factory()) if name != "hw" else "datasheet devices"
+    axes = [("--hw", "hw", str, "devices (names or YAML files)"), ("--models", "models", str, "models (names or configs)"),
+            ("--policies", "policies", str, "policies"), ("--cache-ratios", "cache_ratios", float, "cache ratios"),
+            ("--recent-ratios", "recent_ratios", float, "recent ratios"), ("--batches", "batches", int, "batch sizes"),
+            ("--beams", "beams", int, "beam widths"), ("--prompts", "prompts", int, "prompt lengths"),
+            ("--gens", "gens", int, "generation lengths"), ("--kv-dtypes", "kv_dtypes", str, "KV dtypes"),
+            ("--weight-dtypes", "weight_dtypes", str, "weight dtypes"), ("--profiles", "profiles", str, "profiles")]
+    for flag, dest, kind, what in axes:
+        names = (flag, "--devices") if flag == "--hw" else (flag,)
+        p.add_argument(*names, dest=dest, type=csv_list(kind, flag), metavar="A,B,..",
+                       help=f"{what}, comma-separated (default {default(dest)})")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--csv", action="store_true",
+                   help="also write points.csv beside points.parquet (about 9 MB for the default grid)")
+    run_group = p.add_argument_group("execution (sim.runner)")
+    run_group.add_argument("--workers", type=positive_int, metavar="N", help="local worker processes (default 1: this process)")
+    run_group.add_argument("--scheduler", metavar="ADDRESS",
+                           help="Dask scheduler address (tcp://host:8786): run the points on that cluster")
+    run_group.add_argument("--cache-dir", metavar="DIR", help="per-point result cache (default .cache/sweep)")
+    run_group.add_argument("--no-cache", action="store_true", help="compute every point, store nothing")
+    run_group.add_argument("--engine", choices=ENGINES, help="analytic (default) or des (serving simulation per point)")
+    run_group.add_argument("--qps", type=float, metavar="RATE", help="des: request rate per point (default inf: all at once)")
+    run_group.add_argument("--requests", type=positive_int, metavar="N", help="des: requests per point (default 64)")
+    trace_group = p.add_argument_group("trace-driven points (measured KV lengths and quality)")
+    trace_group.add_argument("--traces", type=csv_list(str, "--traces"), metavar="DIR,..",
+                             help="trace folders, 'bundled' (default: traces/data/) or 'none'")
+    trace_group.add_argument("--trace-models", type=csv_list(str, "--trace-models"), metavar="M,..",
+                             help="models to predict them for: 'own' (default: the model the trace ran) and/or names")
+    for flag in ("--trace-prompts", "--trace-gens"):
+        trace_group.add_argument(flag, type=csv_list(_own_or_int, flag), metavar="N,..",
+                                 help="'own' (default: the trace's own lengths) and/or token counts")
+    trace_group.add_argument("--trace-batches", type=csv_list(int, "--trace-batches"), metavar="B,..",
+                             help="batch sizes for trace-driven points (default 1; throughput at the largest "
+                                  "batch that fits is computed for every point)")
+    return p
+
+
+def _own_or_int(text: str):
+    return OWN if text == OWN else int(text)
+
+
+def config_from_args(a) -> tuple[GridConfig, RunOptions]:
+    base, base_options = load_config(a.config) if a.config else (GridConfig(), RunOptions())
+    overrides = {f.name: getattr(a, f.name) for f in fields(GridConfig) if getattr(a, f.name, None) is not None}
+    config = GridConfig(**{**asdict(base), **overrides}) if overrides else base
+    run_overrides = {f.name: getattr(a, f.name) for f in fields(RunOptions) if getattr(a, f.name, None) is not None}
+    if a.no_cache:
+        run_overrides["cache_dir"] = None
+    options = RunOptions(**{**asdict(base_options), **run_overrides})
+    return config, options
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    config, options = config_from_args(a)
+    out_dir = Path(a.out) if a.out else Path("results") / f"sweep-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} exists and is not a folder")
+    t0 = time.perf_counter()
+    points = build_grid(config)
+    options.trace_dirs()  # a wrong trace folder is a one-line error before any work
+    executor = runner.make_executor(options.workers, options.scheduler)
+    phases = []
+    try:
+        grid_fn = evaluate_des if options.engine == "des" else evaluate
+        phases.append(run_phase("design points", points, grid_fn, options, executor))
+        traced_phase, quality = trace_phase(config, options, executor)
+    except KeyboardInterrupt:
+        where = f" in {options.cache_dir}" if options.cache_dir else ""
+        print(f"interrupted: finished points are saved{where}; rerun the same command to resume", file=sys.stderr)
+        raise
+    finally:
+        if hasattr(executor, "close"):
+            executor.close()
+    table = phases[0].table
+    meta = dict(eval_s=phases[0].result.seconds, points_per_s=len(points) / max(phases[0].result.seconds, 1e-9),
+                config=asdict(config), options=asdict(options), engine=options.engine,
+                execution=[execution_line(p) for p in phases + ([traced_phase] if traced_phase else [])],
+                code_version=runner.code_version())
+    import sim.plots as plots
+    plots.ENABLED = not a.no_plots   # set both ways: a module flag would otherwise outlive one main() call
+    # unchanged figures are copied from the cache (drawing them is most of a warm rerun's time)
+    plots.CACHE_DIR = Path(options.cache_dir) / "plots" if options.cache_dir else None
+    if traced_phase is not None:
+        from sim import tradeoff
+        throughput = "tokens_per_s" if options.engine == "des" else "max_batch_tokens_per_s"
+        joined = tradeoff.join_quality(traced_phase.table, quality)
+        meta["tradeoff_md"] = tradeoff.write_tradeoff(joined, out_dir, throughput, plots=not a.no_plots)
+    if options.engine == "des":
+        write_des_outputs(table, out_dir, meta, csv=a.csv)
+    else:
+        write_outputs(table, out_dir, meta, csv=a.csv)
+    print(f"{len(table):,} points in {phases[0].result.seconds:.2f} s ({meta['points_per_s']:,.0f} points/s, "
+          f"{phases[0].result.n_cached:,} from cache); total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(out_dir)
+    return 0
+

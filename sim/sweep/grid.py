@@ -1,0 +1,106 @@
+"""The sweep's grid: its axes (`GridConfig`, the YAML keys) and their cartesian product (`build_grid`)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import pandas as pd
+
+from hwmodels.dtypes import canonical_dtype
+from sim.kvlen import POLICIES
+from sim.models import load_model
+
+DEFAULT_MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b"]
+DEFAULT_RATIOS = [round(0.1 * i, 1) for i in range(1, 11)]
+
+
+def datasheet_devices() -> list[str]:
+    """Every shipped device except measured local ones (cpu-*)."""
+    from hwmodels import list_devices
+    return [name for name in list_devices() if not name.startswith("cpu")]
+
+
+@dataclass
+class GridConfig:
+    """Axes of a cartesian grid; every list must be non-empty. YAML files use the same keys."""
+    hw: list = field(default_factory=datasheet_devices)
+    models: list = field(default_factory=lambda: list(DEFAULT_MODELS))
+    policies: list = field(default_factory=lambda: list(POLICIES))
+    cache_ratios: list = field(default_factory=lambda: list(DEFAULT_RATIOS))
+    batches: list = field(default_factory=lambda: [1, 8, 32, 128])
+    prompts: list = field(default_factory=lambda: [1024, 4096])
+    gens: list = field(default_factory=lambda: [256, 1024])
+    recent_ratios: list = field(default_factory=lambda: [0.3])
+    beams: list = field(default_factory=lambda: [1])
+    kv_dtypes: list = field(default_factory=lambda: ["bf16"])
+    weight_dtypes: list = field(default_factory=lambda: ["bf16"])
+    profiles: list = field(default_factory=lambda: ["fused"])
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (str, int, float)):
+                value = [value]
+                setattr(self, f.name, value)
+            if not isinstance(value, list) or not value:
+                raise ValueError(f"grid {f.name}: expected a non-empty list, got {value!r}")
+        for name in ("batches", "prompts", "gens", "beams"):
+            for v in getattr(self, name):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                    raise ValueError(f"grid {name}: expected positive integers, got {v!r}")
+        for name, lo_open in (("cache_ratios", True), ("recent_ratios", False)):
+            for v in getattr(self, name):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):   # e.g. a list inside the list
+                    raise ValueError(f"grid {name}: expected numbers in {'(0, 1]' if lo_open else '[0, 1]'}, got {v!r}")
+                in_range = 0 < v <= 1 if lo_open else 0 <= v <= 1
+                if not in_range:
+                    raise ValueError(f"grid {name}: {v!r} out of range {'(0, 1]' if lo_open else '[0, 1]'}")
+        for v in self.policies:
+            if not isinstance(v, str) or v not in POLICIES:
+                raise ValueError(f"grid policies: unknown policy {v!r}; expected {', '.join(POLICIES)}")
+        for name in ("hw", "models", "policies", "kv_dtypes", "weight_dtypes", "profiles"):
+            bad = [v for v in getattr(self, name) if not isinstance(v, (str, os.PathLike))]
+            if bad:
+                raise ValueError(f"grid {name}: expected names, got {bad[0]!r}")
+        self.hw = [str(v) for v in self.hw]
+        self.models = [str(v) for v in self.models]
+        self.kv_dtypes = [canonical_dtype(v) for v in self.kv_dtypes]
+        self.weight_dtypes = [canonical_dtype(v) for v in self.weight_dtypes]
+
+    @classmethod
+    def from_yaml(cls, path) -> "GridConfig":
+        from sim.sweep.options import load_config   # options builds on the grid: import at call time
+        return load_config(path)[0]
+
+
+INPUT_COLUMNS = ["hw", "model", "policy", "cache_ratio", "recent_ratio", "batch", "beams", "prompt", "gen",
+                 "kv_dtype", "weight_dtype", "profile"]
+GROUP_COLUMNS = ["hw", "model", "policy", "profile"]   # the engine vectorises over everything else
+
+
+def _model_hash(spec) -> str:
+    return hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_grid(config: GridConfig) -> pd.DataFrame:
+    """Cartesian product of the axes; validates every device, model and profile name first.
+
+    `hw_hash` and `model_hash` identify the device file and model spec content (result caching)."""
+    from hwmodels import load_device
+    from sim.profiles import get_profile
+    devices = {name: load_device(name) for name in config.hw}
+    specs = {name: load_model(name) for name in config.models}
+    for name in config.profiles:
+        get_profile(name)
+    axes = [config.hw, config.models, config.policies, config.cache_ratios, config.recent_ratios, config.batches,
+            config.beams, config.prompts, config.gens, config.kv_dtypes, config.weight_dtypes, config.profiles]
+    # MultiIndex.from_product builds the product in numpy (about 1 s per 2 million points); a Python
+    # itertools.product of tuples would take ten times longer and memory for 10^7-point grids.
+    df = pd.MultiIndex.from_product(axes, names=INPUT_COLUMNS).to_frame(index=False)
+    # cells keep the user's spelling (a name or a file path), so evaluate() can load them anywhere
+    df["hw_hash"] = df["hw"].map({n: d.content_hash for n, d in devices.items()})
+    df["model_hash"] = df["model"].map({n: _model_hash(s) for n, s in specs.items()})
+    return df

@@ -1,0 +1,116 @@
+"""How a sweep runs (`RunOptions`: workers, cache, engine, traces) and the YAML file that holds both."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from sim.sweep.grid import GridConfig
+
+def _read_yaml(path) -> dict:
+    import yaml
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path}: expected a mapping of grid axes")
+    return data
+
+
+def load_config(path) -> tuple["GridConfig", "RunOptions"]:
+    """A YAML file holds grid axes (GridConfig keys) and, optionally, how to run them (RunOptions keys:
+    workers, scheduler, cache_dir, engine, traces, trace_*, qps, requests)."""
+    data = _read_yaml(path)
+    if "devices" in data and "hw" not in data:
+        data["hw"] = data.pop("devices")
+    grid_keys = {f.name for f in fields(GridConfig)}
+    run_keys = {f.name for f in fields(RunOptions)}
+    unknown = sorted(set(data) - grid_keys - run_keys)
+    if unknown:
+        raise ValueError(f"config {path}: unknown key {unknown[0]!r}; expected {', '.join(sorted(grid_keys | run_keys))}")
+    try:
+        grid = GridConfig(**{k: v for k, v in data.items() if k in grid_keys})
+        options = RunOptions(**{k: v for k, v in data.items() if k in run_keys})
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"config {path}: {exc}") from None
+    return grid, options
+
+
+
+ENGINES = ("analytic", "des")
+OWN = "own"      # trace_models / trace_prompts / trace_gens: the trace's own model or lengths
+
+
+def _own_or_positive(values, name):
+    out = []
+    for v in values:
+        if v == OWN:
+            out.append(OWN)
+        elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}: expected '{OWN}' or positive integers, got {v!r}")
+        else:
+            out.append(int(v))
+    return out
+
+
+@dataclass
+class RunOptions:
+    """How to run a sweep (not what it contains): where, with which cache, with which engine, and
+    which traces feed its trace-driven points. YAML files may hold these keys beside the grid axes."""
+    workers: int = 1                      # > 1: that many local worker processes
+    scheduler: str | None = None          # a Dask scheduler address: run the points on that cluster
+    cache_dir: str | None = ".cache/sweep"   # None: no per-point cache
+    engine: str = "analytic"              # analytic (sim.engine) | des (sim.serve, one serving run per point)
+    traces: list = field(default_factory=lambda: ["bundled"])   # folders, "bundled", or [] / "none"
+    trace_models: list = field(default_factory=lambda: [OWN])
+    trace_prompts: list = field(default_factory=lambda: [OWN])
+    trace_gens: list = field(default_factory=lambda: [OWN])
+    trace_batches: list = field(default_factory=lambda: [1])
+    qps: float = math.inf                 # des: request rate (inf: all requests at t=0)
+    requests: int = 64                    # des: requests per serving run
+
+    def __post_init__(self):
+        if isinstance(self.workers, bool) or not isinstance(self.workers, (int, np.integer)) or self.workers < 1:
+            raise ValueError(f"workers must be a positive integer, got {self.workers!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        for name in ("traces", "trace_models", "trace_prompts", "trace_gens", "trace_batches"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int)):
+                setattr(self, name, [value])
+        if self.traces in (["none"], [None]):
+            self.traces = []
+        self.trace_prompts = _own_or_positive(self.trace_prompts, "trace_prompts")
+        self.trace_gens = _own_or_positive(self.trace_gens, "trace_gens")
+        self.trace_batches = _own_or_positive(self.trace_batches, "trace_batches")
+        if OWN in self.trace_batches:
+            raise ValueError("trace_batches: expected positive integers")
+        if isinstance(self.qps, bool) or not isinstance(self.qps, (int, float, str)):
+            raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}")
+        try:
+            self.qps = float(self.qps)
+        except ValueError:
+            raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}") from None
+        if not self.qps > 0:
+            raise ValueError(f"qps must be > 0 (or inf), got {self.qps}")
+        if isinstance(self.requests, bool) or not isinstance(self.requests, (int, np.integer)) or self.requests < 1:
+            raise ValueError(f"requests must be a positive integer, got {self.requests!r}")
+
+    def trace_dirs(self) -> list[Path]:
+        from sim import traced
+        dirs = []
+        for entry in self.traces:
+            if entry == "bundled":
+                dirs += traced.bundled_traces()
+            else:
+                path = Path(entry)
+                if not (path / "manifest.json").is_file():
+                    raise FileNotFoundError(f"trace folder {path} not found (no manifest.json)")
+                dirs.append(path)
+        return list(dict.fromkeys(p.resolve() for p in dirs))

@@ -1,0 +1,68 @@
+"""Cache keys and the sweep's phases (the grid, the trace-driven points), each run through sim.runner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from sim import runner
+from sim.sweep.analytic import evaluate
+from sim.sweep.des import evaluate_des
+from sim.sweep.grid import GridConfig, INPUT_COLUMNS
+from sim.sweep.options import RunOptions
+
+def cache_key_columns(points: pd.DataFrame) -> list[str]:
+    """What identifies a point's result: every input but the device and model *names* (their content
+    hashes stand in, so editing a device file recomputes exactly its points, and a renamed copy
+    reuses them), the trace's content hash (not its path) and, for the DES, the load it serves."""
+    names = {"hw", "model", "trace", "trace_path", "trace_model"}
+    extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "qps", "requests"]
+    return [c for c in INPUT_COLUMNS if c not in names] + [c for c in extra if c in points.columns]
+
+
+@dataclass
+class Phase:
+    """One group of points run through sim.runner, and what came out."""
+    name: str
+    points: pd.DataFrame
+    result: runner.RunResult | None = None
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.concat([self.points.reset_index(drop=True), self.result.table], axis=1)
+
+
+def run_phase(name: str, points: pd.DataFrame, evaluate_fn, options: RunOptions, executor) -> Phase:
+    context = {"engine": options.engine}
+    if options.engine == "des":
+        points = points.assign(qps=options.qps, requests=options.requests)
+    phase = Phase(name, points)
+    phase.result = runner.run_points(points, evaluate_fn, key_columns=cache_key_columns(points), context=context,
+                                     cache_dir=options.cache_dir, executor=executor, desc=name,
+                                     # the grid evaluate reads only the inputs: ship just those to workers
+                                     eval_columns=INPUT_COLUMNS if evaluate_fn is evaluate else None,
+                                     max_chunk=4 if options.engine == "des" else runner.DEFAULT_MAX_CHUNK)
+    return phase
+
+
+def trace_phase(config: GridConfig, options: RunOptions, executor):
+    """Trace-driven points of every trace (None without traces), and the traces' measured quality."""
+    from sim import traced, tradeoff
+    dirs = options.trace_dirs()
+    if not dirs:
+        return None, None
+    grid = traced.trace_grid(config, dirs, models=options.trace_models, prompts=options.trace_prompts,
+                             gens=options.trace_gens, batches=options.trace_batches)
+    if options.engine == "des":   # the serving simulator times base policies only (no noise variants)
+        grid = grid[grid["policy_label"] == grid["policy"]].reset_index(drop=True)
+    quality = pd.concat([tradeoff.measured_quality(traced.load_trace(str(d), tradeoff.trace_identity(d)),
+                                                   traced.trace_label(d)) for d in dirs], ignore_index=True)
+    evaluate_fn = evaluate_des if options.engine == "des" else traced.evaluate
+    return run_phase("trace-driven points", grid, evaluate_fn, options, executor), quality
+
+
+def execution_line(phase: Phase) -> str:
+    r = phase.result
+    cache = f"cache {r.cache_dir}" if r.cache_dir else "no cache"
+    return (f"{phase.name}: {r.n_points:,} points, {r.n_computed:,} computed in {r.seconds:.2f} s "
+            f"({r.points_per_s:,.0f} points/s), {r.n_cached:,} from the cache; {r.executor}; {cache}")
