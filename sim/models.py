@@ -147,6 +147,10 @@ def _llama(c):  # llama, mistral, qwen2: gated SiLU MLP, RoPE, optional GQA
                 max_positions=_req(c, "max_position_embeddings"))
 
 
+def _gemma(c):  # gemma, gemma2, gemma3_text: gated GeLU MLP, RoPE, GQA/MQA, tied embeddings by default
+    return dict(_llama(c), tied=c.get("tie_word_embeddings", True))
+
+
 def _gpt_neox(c):
     return dict(n_layers=_req(c, "num_hidden_layers"), d_model=_req(c, "hidden_size"),
                 n_heads=_req(c, "num_attention_heads"), d_ff=_req(c, "intermediate_size"),
@@ -171,7 +175,8 @@ def _bloom(c):
 
 
 _READERS = {"gpt2": _gpt2, "gptj": _gptj, "mpt": _mpt, "llama": _llama, "mistral": _llama, "qwen2": _llama,
-            "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom}
+            "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox, "opt": _opt,
+            "bloom": _bloom}
 SUPPORTED_TYPES = tuple(_READERS)
 
 
@@ -206,7 +211,8 @@ def _window(value) -> int | None:
 
 def _sliding_layers(cfg: dict, model_type: str, n_layers: int, where: str) -> tuple[int, ...]:
     """Indices of the layers that apply the config's sliding window, as transformers builds its caches:
-    the config's `layer_types` when it lists them; else Mistral: every layer; Qwen2: layers from
+    the config's `layer_types` when it lists them; else Mistral: every layer; Gemma 2: the even layers;
+    Gemma 3: all but every 6th (`sliding_window_pattern`); Qwen2: layers from
     `max_window_layers` on, only with `use_sliding_window`; other model types: none."""
     if _window(cfg.get("sliding_window")) is None or not isinstance(n_layers, int):
         return ()
@@ -217,6 +223,11 @@ def _sliding_layers(cfg: dict, model_type: str, n_layers: int, where: str) -> tu
         return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
     if model_type == "mistral":
         return tuple(range(n_layers))
+    if model_type == "gemma2":       # transformers' Gemma2Config: even layers local, odd layers global
+        return tuple(i for i in range(n_layers) if i % 2 == 0)
+    if model_type == "gemma3_text":  # Gemma3TextConfig: every sliding_window_pattern-th layer global (6)
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        return tuple(i for i in range(n_layers) if (i + 1) % pattern)
     if model_type == "qwen2" and cfg.get("use_sliding_window"):
         return tuple(range(min(int(cfg.get("max_window_layers") or 0), n_layers), n_layers))
     return ()

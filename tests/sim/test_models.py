@@ -79,6 +79,9 @@ MINIMAL = {
     "opt": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "ffn_dim": 256, "vocab_size": 100,
             "max_position_embeddings": 128},
     "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
+    **{t: {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+           "head_dim": 16, "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128}
+       for t in ("gemma", "gemma2", "gemma3_text")},
 }
 EXPECTED = {  # model_type: (n_kv_heads, d_ff, gated, tied, positional)
     "gpt2": (4, 256, False, True, "learned"), "gptj": (4, 256, False, False, "rope"),
@@ -86,6 +89,7 @@ EXPECTED = {  # model_type: (n_kv_heads, d_ff, gated, tied, positional)
     "mistral": (2, 96, True, False, "rope"), "qwen2": (2, 96, True, True, "rope"),
     "gpt_neox": (4, 256, False, False, "rope"), "opt": (4, 256, False, True, "learned"),
     "bloom": (4, 256, False, True, "alibi"),
+    **{t: (1, 96, True, True, "rope") for t in ("gemma", "gemma2", "gemma3_text")},
 }
 
 

@@ -87,3 +87,27 @@ def test_des_trace_kv_is_capped_per_layer(tmp_path):
 
     assert TraceKV(FakeTrace(), "full", 1.0, m.n_layers, model=m).decode_kv(0, 3000, 4).max() == 1000
     assert TraceKV(FakeTrace(), "full", 1.0, m.n_layers).decode_kv(0, 3000, 4).max() == 3000
+
+
+def test_gemma3_270m_interleaves_five_local_layers_per_global_one():
+    """The shipped Gemma-3-270M: 18 layers, every 6th global, the others keep the last 512 tokens; MQA."""
+    m = load_model("gemma-3-270m")
+    assert m.n_params() == pytest.approx(268.1e6, rel=1e-3) and m.attention == "MQA" and m.tied_embeddings
+    assert m.sliding_window == 512 and m.sliding_layers == tuple(i for i in range(18) if (i + 1) % 6)
+    # a 4096-token prompt: 15 local layers hold 512, 3 global layers hold everything
+    assert kvlen.kv_tokens("full", 4096, 0, 1.0, model=m) == pytest.approx((15 * 512 + 3 * 4096) / 18)
+    # eviction only matters on the global layers: 0.25 of 4096 = 1024 there, the window (512) elsewhere
+    assert kvlen.kv_tokens("h2o", 4096, 0, 0.25, model=m) == pytest.approx((15 * 512 + 3 * 1024) / 18)
+    full = engine.predict(HW, m, batch=1, prompt=8192, gen=32, policy="full", cache_ratio=1.0)
+    kf = engine.predict(HW, m, batch=1, prompt=8192, gen=32, policy="keyformer", cache_ratio=0.2)
+    assert kf.max_batch > full.max_batch
+
+
+@pytest.mark.parametrize("model_type, expected", [("gemma2", (0, 2, 4)), ("gemma3_text", (0, 1, 2, 3, 4)),
+                                                  ("gemma", ())])
+def test_gemma_layer_patterns_without_layer_types(model_type, expected):
+    cfg = dict(model_type=model_type, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=64, vocab_size=1000,
+               max_position_embeddings=8192, sliding_window=256)
+    m = spec_from_config(cfg, "g")
+    assert m.sliding_layers == expected and m.tied_embeddings
