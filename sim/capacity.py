@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from sim import kvlen
-from sim.ops import SCORE_BYTES
+from sim import policies
+from sim.op import SCORE_BYTES
 
 MAX_BATCH_LIMIT = 1 << 22       # search ceiling for max_batch (4M sequences)
 
@@ -29,8 +29,8 @@ def memory(s, rows, kv_tokens, prompt, prefill_rows=None):
     activations of `prefill_rows` prompts (default: all rows) + logits + the profile's own buffers."""
     m, prof = s.model, s.profile
     kv = rows * kv_tokens * (2 * m.n_layers * m.n_kv_heads * m.head_dim) * s.kvb
-    # policies with accumulated scores keep one fp32 score per kept token, KV head and layer
-    scores = rows * kv_tokens * (m.n_layers * m.n_kv_heads * SCORE_BYTES) if s.policy in kvlen.SCORED else 0.0
+    # the policy's own state (accumulated scores: one fp32 score per kept token, KV head and layer)
+    scores = policies.get(s.policy).state_bytes(m, rows, kv_tokens)
     # one layer's activations live at a time: residual, normed input, q/k/v, MLP intermediate
     act_per_token = (3 * m.d_model + (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
                      + (2 if m.gated_mlp else 1) * m.d_ff) * s.ab

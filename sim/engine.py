@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from hwmodels.dtypes import canonical_dtype, dtype_bytes
-from sim import capacity, kvlen
+from sim import capacity, kvlen, policies
 from sim.models import ModelSpec, load_model
 from sim.opcost import kernel_hosts, op_costs, stream_flops
 from sim.ops import BYTE_FIELDS, FIELDS, Op, OpContext, dense_ops, forward_ops, group_ops
@@ -386,7 +386,7 @@ def decode_nodes(policy: str, gen, kv_override=None):
         t = int(steps.max())
         idx = np.arange(max(t, 1), dtype=float)[None, :]
         return idx, np.full((1, idx.shape[1]), 1.0 / max(t, 1))
-    m = DECODE_NODES if policy == "full" else 1
+    m = 1 if policies.get(policy).evicts else DECODE_NODES
     if m == 1:
         return np.zeros_like(steps), np.ones_like(steps)
     j = np.arange(m, dtype=float)[None, :]
@@ -499,7 +499,7 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
         kv_override = kvlen.windowed_per_layer(s.model, _check_override(kv_override, int(gen[0]), s.model.n_layers))
         # same convention as kvlen.peak_kv_tokens: full reserves its final length (last row = n+gen);
         # an evicting policy holds one token over its budget between append and eviction
-        appended = 0.0 if s.policy == "full" else 1.0
+        appended = policies.get(s.policy).appended_tokens
         peak_tokens = np.array([max(float(kvlen.windowed(s.model, prompt[0])), held.max() + appended)])
     else:
         peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model)

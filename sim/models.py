@@ -6,9 +6,12 @@ a supported model type. Each model type names its fields differently; `_READERS`
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from hwmodels.dtypes import dtype_bytes
 
@@ -98,6 +101,37 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def content_hash(self) -> str:
+        """16 hex digits of the spec's content (every field): results computed for one spec are reused only
+        for the same shapes (sweep caches, traced grids)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --- sliding-window layers: the KV a model's layers can hold ---
+
+def windowed(model, tokens):
+    """Mean over layers of the tokens per KV head when every layer would hold `tokens`: sliding-window
+    layers hold min(tokens, window). `tokens` unchanged for a model without such layers (or None)."""
+    n_windowed = getattr(model, "windowed_layers", 0) if model is not None else 0
+    if not n_windowed:
+        return tokens
+    share = n_windowed / model.n_layers
+    t = np.asarray(tokens, float)
+    return (1.0 - share) * t + share * np.minimum(t, float(model.sliding_window))
+
+
+def windowed_per_layer(model, per_layer):
+    """A (..., n_layers) array of tokens per KV head with each sliding-window layer capped at the window
+    (e.g. a trace's kv_override mapped onto a model with sliding-window layers)."""
+    arr = np.asarray(per_layer, float)
+    if model is None or not getattr(model, "windowed_layers", 0) or arr.ndim < 1 or arr.shape[-1] != model.n_layers:
+        return arr
+    arr = arr.copy()
+    layers = list(model.sliding_layers)
+    arr[..., layers] = np.minimum(arr[..., layers], float(model.sliding_window))
+    return arr
 
 
 # --- one reader per HF model type: config dict -> ModelSpec keyword arguments ---

@@ -7,98 +7,10 @@ per step. Profiles (sim/profiles.py) set kernel launches and may add their own o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-
-from sim.kvlen import SCORED
-
-BYTE_FIELDS = ("weight_bytes", "act_bytes", "kv_read_bytes", "kv_write_bytes")
-FIELDS = ("flops",) + BYTE_FIELDS
-
-SOFTMAX_FLOPS = 5.0        # max, subtract, exp, sum, divide per score element
-NORM_FLOPS = 5.0           # square, sum, rsqrt, scale, weight per element (+ residual add)
-SCORE_BYTES = 4.0          # accumulated scores and probabilities kept in fp32
-# Score update per kept score element and query head. H2O adds the attention probability to the
-# accumulated score (scale + add). Keyformer also draws Gumbel noise (counter RNG ~10 ops, two logs),
-# divides by the temperature and takes a second softmax over the noisy logits: ~30 ops.
-SCORE_UPDATE_FLOPS = {"h2o": 2.0, "keyformer": 30.0}
-
-
-@dataclass(slots=True)
-class Op:
-    name: str
-    per_layer: bool
-    flops: Any = 0.0
-    weight_bytes: Any = 0.0
-    act_bytes: Any = 0.0
-    kv_read_bytes: Any = 0.0
-    kv_write_bytes: Any = 0.0
-    launches: float = 1.0
-    gemm: bool = False          # True: a GEMM over the weights, at the weight dtype's peak; else at the activation dtype's
-    rows: Any = None            # gemm: token rows multiplied by the weight (skinny-GEMM efficiency)
-    # a GEMM over activations (attention's batched q @ K^T and p @ V), at the activation dtype's peak.
-    # GEMM-class ops (gemm or matmul) get the compute-efficiency ramp; other ops run without one
-    # (docs/sim.md "Operator cost")
-    matmul: bool = False
-    # "scores" (q @ K^T) or "values" (p @ V): streams the KV cache as a batched GEMV, which may run
-    # below the weight-GEMV rate (hwmodels Device.attn_scores_factor / attn_values_factor)
-    kv_stream: str | None = None
-    # bytes of each tensor the op allocates anew (torch.cat / index_select / repeat_kv outputs in eager
-    # code): filling fresh memory may run below the streaming rate (hwmodels Device.fresh_alloc_factor)
-    fresh_tensor_bytes: Any = None
-    # name of the op whose kernel this one runs inside (the nearest earlier op of that name in the
-    # list): its FLOPs and bytes join that kernel's roofline, and its own row shows no time
-    fused_into: str | None = None
-    # an engine profile's own rates (Profile.adjust_ops): compute_eff replaces the device's size curve
-    # for this op (fraction of the op's peak, e.g. decode attention on CUDA cores), compute_scale and
-    # bw_scale multiply the device's compute and streaming efficiencies; all in (0, 1], None = unchanged
-    compute_eff: Any = None
-    compute_scale: Any = None
-    bw_scale: Any = None
-
-
-@dataclass(slots=True)
-class OpContext:
-    """What an operator needs to know about one forward pass (fields may be numpy arrays).
-
-    rows = batch * beams sequences; each feeds `new_tokens` tokens and attends over `past_tokens`
-    cached tokens per KV head (mean over rows; with a trailing layer axis when a trace gives per-layer
-    lengths). `prompt` is the full prompt length for prefill-time policy ops.
-    """
-    model: Any
-    policy: str
-    phase: str                  # "prefill" or "decode"
-    batch: Any
-    beams: Any
-    rows: Any
-    new_tokens: Any
-    past_tokens: Any
-    cache_ratio: Any
-    recent_ratio: Any
-    weight_dtype: str
-    kv_dtype: str
-    act_dtype: str
-    wb: float                   # bytes per weight element
-    kvb: float                  # bytes per KV element
-    ab: float                   # bytes per activation element
-    profile: Any
-    completes_prompt: bool = True   # prefill: this pass finishes the prompt (policy selects + compacts)
-    hw: Any = None                  # the device (engine profiles read its peaks in Profile.adjust_ops)
-
-
-def _adjust(ctx: OpContext, ops: list[Op]) -> list[Op]:
-    """An engine profile's rates for these ops (Profile.adjust_ops sets Op.compute_eff / compute_scale /
-    bw_scale in place); other profiles: unchanged."""
-    hook = getattr(ctx.profile, "adjust_ops", None)
-    if hook is not None:
-        hook(ctx, ops)
-    return ops
-
-
-def _launch(ctx: OpContext, name: str) -> float:
-    return ctx.profile.launches.get(name, 1.0)
+from sim import policies
+from sim.op import BYTE_FIELDS, FIELDS, NORM_FLOPS, SCORE_BYTES, SOFTMAX_FLOPS, Op, OpContext
+from sim.op import adjust as _adjust
+from sim.op import launch_count as _launch
 
 
 def dense_ops(ctx: OpContext) -> list[Op]:
@@ -161,64 +73,13 @@ def attention_ops(ctx: OpContext) -> list[Op]:
 
 
 def policy_decode_ops(ctx: OpContext) -> list[Op]:
-    """Per decode step: update the accumulated score of every kept token, evict the lowest-scored one.
-
-    Window and StreamingLLM evict by position (the new token overwrites the oldest slot): no ops.
-    """
-    if ctx.policy not in SCORED:
-        return []
-    m = ctx.model
-    kept = ctx.past_tokens + 1.0                           # cached tokens plus the one just appended
-    elems = ctx.rows * m.n_heads * kept                    # one probability per query head and kept key
-    state = ctx.rows * m.n_kv_heads * kept                 # accumulated scores live per KV head
-    candidates = ctx.rows * m.n_kv_heads * (kept - (ctx.recent_ratio * ctx.past_tokens) // 1)
-    if ctx.profile.score_in_attention:
-        # a by-product of the attention softmax: the kernel that holds each probability (keyformer: adds
-        # the noise and takes the second softmax on chip) read-modify-writes the accumulated score vector
-        update = Op("score_update", True, flops=SCORE_UPDATE_FLOPS[ctx.policy] * elems,
-                    act_bytes=2 * state * SCORE_BYTES, launches=0.0, fused_into="attn_scores")
-    else:
-        # the attention kernel emits the probabilities (keyformer: the raw logits) once in fp32, the
-        # score kernel reads them and read-modify-writes the accumulated score vector.
-        update = Op("score_update", True, flops=SCORE_UPDATE_FLOPS[ctx.policy] * elems,
-                    act_bytes=2 * elems * SCORE_BYTES + 2 * state * SCORE_BYTES, launches=_launch(ctx, "score_update"))
-    return [
-        update,
-        # one small kernel per layer: the lowest accumulated score outside the recent window
-        Op("select_evict", True, flops=candidates, act_bytes=candidates * SCORE_BYTES,
-           launches=_launch(ctx, "select_evict")),
-    ]
+    """The policy's own operators of a decode step (sim.policies: score update, eviction)."""
+    return policies.get(ctx.policy).decode_ops(ctx)
 
 
 def policy_prefill_ops(ctx: OpContext) -> list[Op]:
-    """After the prompt: score every prompt token, pick top-(k-w) plus the recent w, gather k of n."""
-    if ctx.policy not in SCORED:
-        return []
-    m, ab, kvb = ctx.model, ctx.ab, ctx.kvb
-    hd, h, hkv = m.head_dim, m.n_heads, m.n_kv_heads
-    rows, q, past = ctx.rows, ctx.new_tokens, ctx.past_tokens
-    n = past + q
-    score_elems = rows * h * q * (past + (q + 1) * 0.5)
-    # A flash kernel does not keep the probabilities: recompute the logits (2*hd FLOPs each) and
-    # column-sum the (noisy) softmax into one score per kept token and KV head.
-    # (The column sums need each row's softmax normaliser, known only once the row is done: a second
-    # pass, also under the fused profile; it recomputes q @ K^T, so it is GEMM-class.)
-    ops = [Op("score_update", True, flops=score_elems * (2 * hd + SOFTMAX_FLOPS + SCORE_UPDATE_FLOPS[ctx.policy]),
-              act_bytes=rows * q * (h + hkv) * hd * ab + rows * hkv * n * SCORE_BYTES,
-              launches=_launch(ctx, "score_update"), matmul=True)]
-    if not ctx.completes_prompt:
-        return ops
-    k = np.maximum(np.floor(ctx.cache_ratio * n), 1.0)
-    w = np.floor(ctx.recent_ratio * k)
-    candidates = rows * hkv * np.maximum(n - w, 1.0)
-    ops += [
-        Op("select_topk", True, flops=candidates * np.log2(np.maximum(k - w, 2.0)), act_bytes=candidates * SCORE_BYTES,
-           launches=_launch(ctx, "select_topk")),
-        Op("compact", True, act_bytes=2 * rows * hkv * k * SCORE_BYTES,
-           kv_read_bytes=2 * rows * hkv * k * hd * kvb, kv_write_bytes=2 * rows * hkv * k * hd * kvb,
-           launches=_launch(ctx, "compact")),
-    ]
-    return ops
+    """The policy's own operators after a prompt (sim.policies: scoring, selection, compaction)."""
+    return policies.get(ctx.policy).prefill_ops(ctx)
 
 
 def forward_ops(ctx: OpContext) -> list[Op]:

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.kvlen import EVICTING, SCORED
-from sim.ops import SCORE_BYTES, Op, OpContext
+from sim import policies
+from sim.op import SCORE_BYTES, Op, OpContext
 from sim.profiles import Profile, register_profile
 
 # ---------------------------------------------------------------------------------------------------
@@ -103,34 +103,9 @@ EAGER_LAUNCHES = {
     "compact": 4,
 }
 
-# The policies' score path as eager kernels, per layer and decode step, and full passes over the
-# (rows x query heads x kept) fp32 score tensor each kernel makes.
-#   kvsim keyformer (keyformer/keyformer.py + base.py, as of the C.done version): the Gumbel noise of all
-#     layers is drawn once per step (random_, &, to, mul_, log_, neg_, log_, mul_: 8 kernels, ~15 passes over
-#     n_layers x the score tensor); per layer torch.add(noise, logits / tau) and softmax (2 kernels, ~6
-#     passes), the GQA group sum (1 kernel when heads share a KV head) and += into the slot scores (1).
-#     Eviction (base._evict_one): compare with the window floor, masked_fill(inf), min, two scatter_ (5
-#     kernels, ~7 passes over rows x kv heads x slots).
-#   kvsim h2o: the model's probabilities are the score: group sum and += (2 kernels); the same eviction.
-#   paper keyformer (official MPT attention.py, shared/docs/keyformer-paper.md §1.3-1.4, §4.4): copy.deepcopy
-#     of the logits (1 kernel, 2 passes); F.gumbel_softmax = empty_like().exponential_().log().neg(), add,
-#     divide by tau, softmax (6 kernels, ~10 passes); sum over batch/beams and query rows (2 kernels, 2
-#     passes); accumulate into the score (2 kernels, 3 passes): 11 kernels, ~17 passes. Selection: topk,
-#     discard-mask rebuild and AND, masked_fill of the logits (~6 kernels, ~4 passes over the scores).
-#   paper h2o: the paper's H2O baseline is the same code without the logit adjustment ("No logit
-#     adjustment ... mirroring the approach used in H2O", paper §4.4.3): softmax of the raw logits (1, ~3
-#     passes), the two sums and the accumulation: 5 kernels, ~8 passes; the same selection.
-# score_*: per layer; step_*: once per decode step for all layers (amortised over them); evict_*: per layer.
-POLICY_PATHS = {
-    ("kvsim", "keyformer"): dict(score_launches=4, score_passes=8, step_launches=8, step_passes=15,
-                                 evict_launches=5, evict_passes=7),
-    ("kvsim", "h2o"): dict(score_launches=2, score_passes=4, step_launches=0, step_passes=0,
-                           evict_launches=5, evict_passes=7),
-    ("hf", "keyformer"): dict(score_launches=11, score_passes=17, step_launches=0, step_passes=0,
-                              evict_launches=6, evict_passes=4),
-    ("hf", "h2o"): dict(score_launches=5, score_passes=8, step_launches=0, step_passes=0,
-                        evict_launches=6, evict_passes=4),
-}
+# The policies' score path as eager kernels (kernels per layer and step, full passes over the rows x query
+# heads x kept fp32 score tensor) is each policy's own: sim.policies.<name>.eager_paths, stacks "kvsim"
+# (keyformer/) and "hf" (the paper's MPT code).
 # The paper's physical-eviction variants compact K/V every EVICT_INTERVAL steps (attention_keyformer_*).
 EVICT_INTERVAL = 8
 # Keys of a decode step that are masked per layer by the slot mask / n-wide mask: bytes per element of the
@@ -181,9 +156,9 @@ def eager_glue(ctx: OpContext, launches: float | None = None) -> Op:
 
 def policy_eager_ops(ctx: OpContext, stack: str) -> list[Op]:
     """The policy's score path and eviction as separate eager kernels (decode step, one layer)."""
-    if ctx.policy not in SCORED:
+    path = policies.get(ctx.policy).eager_path(stack)
+    if path is None:
         return []
-    path = POLICY_PATHS[(stack, ctx.policy)]
     m = ctx.model
     kept = _keys(ctx)
     elems = ctx.rows * m.n_heads * kept
@@ -225,7 +200,7 @@ def hf_decode_ops(ctx: OpContext) -> list[Op]:
     ]
     ops += score_upcast(ctx, elems)
     ops += policy_eager_ops(ctx, "hf")
-    if ctx.policy in SCORED:
+    if policies.get(ctx.policy).scored:
         # physical eviction every EVICT_INTERVAL steps: gather the kept K/V into a fresh buffer.
         ops.append(Op("evict_compact", True, kv_read_bytes=cache / EVICT_INTERVAL,
                       kv_write_bytes=_kv_bytes(ctx, past) / EVICT_INTERVAL, launches=4 / EVICT_INTERVAL,
@@ -263,13 +238,10 @@ def hf_prefill_ops(ctx: OpContext) -> list[Op]:
         *repeat_kv(ctx),
     ]
     ops += score_upcast(ctx, elems)
-    if ctx.policy == "keyformer":
-        # Gumbel path: copy.deepcopy of the n x n logits, noise, noisy softmax, column sums.
-        path = POLICY_PATHS[("hf", "keyformer")]
-        ops.append(Op("policy_eager_passes", True, flops=path["score_passes"] * elems,
-                      act_bytes=path["score_passes"] * elems * SCORE_BYTES, launches=path["score_launches"]))
-    elif ctx.policy == "h2o":
-        path = POLICY_PATHS[("hf", "h2o")]
+    path = policies.get(ctx.policy).eager_path("hf")
+    if path is not None:
+        # the score path over the n x n logits (keyformer's Gumbel path: copy.deepcopy, noise, noisy
+        # softmax, column sums)
         ops.append(Op("policy_eager_passes", True, flops=path["score_passes"] * elems,
                       act_bytes=path["score_passes"] * elems * SCORE_BYTES, launches=path["score_launches"]))
     return ops
@@ -301,7 +273,7 @@ def kvsim_decode_ops(ctx: OpContext) -> list[Op]:
     # attend(): logits.mul_(scaling) is one more pass over the fp32 logits. A batch whose requests share one
     # budget fills every slot (keyformer/ "dense slots"): no mask. Full attention's buffer has free slots, so
     # slot_bias builds where(positions >= 0, 0, -inf) per layer and adds it to every logit.
-    masked = ctx.policy not in EVICTING
+    masked = not policies.get(ctx.policy).evicts
     ops = [
         Op("logits_scale_mask", True,
            act_bytes=2 * elems * SCORE_BYTES + masked * (slot_elems * SLOT_MASK_BYTES + 2 * elems * SCORE_BYTES),
@@ -338,8 +310,8 @@ def kvsim_prefill_ops(ctx: OpContext) -> list[Op]:
            act_bytes=ctx.rows * m.n_kv_heads * n * (8 + 4 + 8), launches=12),
         eager_glue(ctx),
     ]
-    if ctx.policy in SCORED:
-        path = POLICY_PATHS[("kvsim", ctx.policy)]
+    path = policies.get(ctx.policy).eager_path("kvsim")
+    if path is not None:
         passes = path["score_passes"] + path["step_passes"]     # the prompt draws its noise layer by layer
         ops.append(Op("policy_eager_passes", True, flops=passes * elems, act_bytes=passes * elems * SCORE_BYTES,
                       launches=path["score_launches"] + path["step_launches"]))

@@ -139,7 +139,7 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
         frame.insert(2, "policy", frame["policy_label"].map(base_policy))
         frame["cache_ratio"] = frame["cache_ratio"].astype(float)
         frame["hw_hash"] = frame["hw"].map({n: d.content_hash for n, d in devices.items()})
-        frame["model_hash"] = frame["model"].map({c: sweep._model_hash(s) for c, s in targets})
+        frame["model_hash"] = frame["model"].map({c: s.content_hash for c, s in targets})
         frame["trace"] = trace_label(trace_dir)
         frame["trace_path"] = str(trace_dir.resolve())
         frame["trace_hash"] = identity

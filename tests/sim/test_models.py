@@ -156,3 +156,15 @@ def test_spec_validation():
         ModelSpec("x", "llama", 2, 64, 4, 3, 16, 96, 100, True, False, "rope", 128)
     with pytest.raises(ValueError, match="positional"):
         ModelSpec("x", "llama", 2, 64, 4, 2, 16, 96, 100, True, False, "sinusoid", 128)
+
+
+def test_content_hash_is_a_property_of_the_spec_content():
+    import dataclasses
+    import hashlib
+    import json
+    spec = load_model("llama-2-7b")
+    assert spec.content_hash == load_model("llama-2-7b").content_hash
+    assert len(spec.content_hash) == 16
+    # the digest sim.sweep's result cache has always keyed on (sha256 of the sorted-key spec JSON)
+    assert spec.content_hash == hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    assert dataclasses.replace(spec, d_ff=spec.d_ff + 1).content_hash != spec.content_hash

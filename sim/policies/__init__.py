@@ -1,0 +1,35 @@
+"""The simulator's policies, one frozen dataclass per file on sim.policies.base.SimPolicy (mirroring
+keyformer/'s one class per policy): `get(name)` returns the policy object, `NAMES` lists them in order.
+
+The engine, capacity and profiles ask the object (kv lengths, peak, state bytes, its own operators, its
+eager score path); sim.kvlen keeps the string-keyed functions for callers that hold a name.
+keyformer/ runs two more policies, snapkv and tova, that the simulator does not model yet (SnapKV's
+cache grows after a one-shot prompt compression; TOVA ranks by the current query only, no recent window).
+"""
+from __future__ import annotations
+
+from sim.policies.base import SimPolicy, budget, recent_window
+from sim.policies.full import FullPolicy
+from sim.policies.h2o import H2OPolicy
+from sim.policies.keyformer import KeyformerPolicy
+from sim.policies.scored import ScoredPolicy
+from sim.policies.streaming import StreamingPolicy
+from sim.policies.window import WindowPolicy
+
+_POLICIES: dict[str, SimPolicy] = {cls.name: cls() for cls in (FullPolicy, WindowPolicy, StreamingPolicy,
+                                                                H2OPolicy, KeyformerPolicy)}
+NAMES: tuple[str, ...] = tuple(_POLICIES)
+EVICTING: tuple[str, ...] = tuple(n for n, p in _POLICIES.items() if p.evicts)
+SCORED: tuple[str, ...] = tuple(n for n, p in _POLICIES.items() if p.scored)
+
+
+def get(name: str) -> SimPolicy:
+    """The policy object named `name` (a ValueError listing the names otherwise)."""
+    try:
+        return _POLICIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(NAMES)}") from None
+
+
+__all__ = ["NAMES", "EVICTING", "SCORED", "get", "budget", "recent_window", "SimPolicy", "ScoredPolicy",
+           "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy", "KeyformerPolicy"]
