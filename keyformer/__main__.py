@@ -1,6 +1,6 @@
-"""`python -m keyformer ...` is `python -m keyformer.generate ...`."""
+"""`python -m keyformer ...` is `python -m keyformer.generate ...` (keyformer.cli)."""
 import sys
 
-from keyformer.generate import main
+from keyformer.cli import main
 
 sys.exit(main())

@@ -131,7 +131,7 @@ HANDWRITTEN_ATTENTION = {"mpt": {"forward": mpt_attention_forward}}
 
 def attention_patches(model) -> dict:
     """{method name: replacement} for architectures whose attention bypasses AttentionInterface."""
-    return HANDWRITTEN_ATTENTION.get(model.config.model_type) or compat.legacy_attention_patches(model)
+    return HANDWRITTEN_ATTENTION.get(model.config.model_type) or compat.legacy_attention_patches(model, slot_attention)
 
 
 # ---- applying a policy to a model ------------------------------------------------------------------------

@@ -93,18 +93,21 @@ def filled_dynamic_cache(keys: list[torch.Tensor], values: list[torch.Tensor]) -
     return cache
 
 
-def legacy_attention_patches(model) -> dict:
+def legacy_attention_patches(model, attention) -> dict:
     """{method name: replacement} for attention modules that, in this transformers version, compute attention
-    by hand instead of through AttentionInterface (empty when the interface is used)."""
+    by hand instead of through AttentionInterface (empty when the interface is used). `attention` is the
+    attention function to route them to (keyformer.attention.slot_attention): passed in, so this module
+    stays a leaf that imports nothing of keyformer."""
     if model.config.model_type == "gptj":
         from transformers.models.gptj import modeling_gptj
         if hasattr(modeling_gptj.GPTJAttention, "_attn"):
-            return {"_attn": _gptj_legacy_attn}
+            return {"_attn": _gptj_legacy_attn(attention)}
     return {}
 
 
-def _gptj_legacy_attn(self, query, key, value, attention_mask=None):
-    """GPTJAttention._attn (<= 5.17): (B, H, q, D) in and out, logits / sqrt(head_dim)."""
-    from keyformer.attention import slot_attention
-    out, weights = slot_attention(self, query, key, value, attention_mask, scaling=1.0 / self.scale_attn)
-    return out.transpose(1, 2), weights
+def _gptj_legacy_attn(attention):
+    def _attn(self, query, key, value, attention_mask=None):
+        """GPTJAttention._attn (<= 5.17): (B, H, q, D) in and out, logits / sqrt(head_dim)."""
+        out, weights = attention(self, query, key, value, attention_mask, scaling=1.0 / self.scale_attn)
+        return out.transpose(1, 2), weights
+    return _attn

@@ -1,5 +1,5 @@
 """Manual decode loop under a KV policy (gpt-fast style), a synthetic long-context state for timing, and
-the command line:
+its command line (keyformer.cli):
 
     python -m keyformer.generate --model DIR --policy keyformer --cache-ratio 0.5 --prompt "Once upon" --json
 
@@ -9,21 +9,14 @@ the command line:
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from hwmodels.cli import OneLineParser
-
-from keyformer import compat, make_policy
+from keyformer import compat
 from keyformer.attention import attention_modules, install_slot_layers
 
 
@@ -280,147 +273,9 @@ def synthetic_state(model, policy, batch: int, context_len: int, seed: int = 0,
 
 
 # ---- command line -----------------------------------------------------------------------------------------
-class UsageError(ValueError):
-    """A user mistake on the command line (exit code 2)."""
 
 
-def load_model(name: str, device: str):
-    """Model and tokenizer from a local folder (or an already cached hub name); never downloads."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+if __name__ == "__main__":   # `python -m keyformer.generate`: the CLI lives in keyformer.cli
+    from keyformer.cli import main
 
-    looks_like_path = os.sep in name or name.startswith(".") or Path(name).exists()
-    if looks_like_path and not Path(name).is_dir():
-        raise UsageError(f"model directory {name} does not exist")
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, attn_implementation="eager",
-                                                     dtype=torch.float32)
-    except Exception as exc:  # any loader failure is the user's model argument
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot load model {name!r}: {reason}") from None
-    model.config.use_cache = True  # MptConfig defaults to False
-    model.generation_config.use_cache = True
-    return model.to(device).eval(), tokenizer
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = OneLineParser(prog="python -m keyformer.generate",
-                                     description="Greedy generation under a KV-cache policy that physically evicts.")
-    parser.add_argument("--model", required=True, help="local model folder (or a name already in the HF cache)")
-    parser.add_argument("--policy", required=True, choices=["full", "window", "streaming", "h2o", "keyformer"])
-    parser.add_argument("--cache-ratio", type=float, default=None,
-                        help="KV budget as a fraction of the real prompt length (required except for full)")
-    parser.add_argument("--recent-ratio", type=float, default=None,
-                        help="recent window as a fraction of the budget (h2o, keyformer; default 0.3)")
-    parser.add_argument("--noise", choices=["gumbel", "gaussian", "constant", "none"], default=None,
-                        help="keyformer's logit noise (default gumbel)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt")
-    prompt.add_argument("--prompt-file")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser.parse_args(argv)
-
-
-def policy_from_args(args: argparse.Namespace):
-    params = {}
-    if args.policy != "full":
-        if args.cache_ratio is None:
-            raise UsageError(f"--policy {args.policy} needs --cache-ratio (the KV budget, a fraction in (0, 1])")
-        params["cache_ratio"] = args.cache_ratio
-    elif args.cache_ratio is not None and not 0.0 < args.cache_ratio <= 1.0:
-        raise UsageError(f"--cache-ratio must be in (0, 1], got {args.cache_ratio}")
-    if args.recent_ratio is not None:
-        if args.policy not in ("h2o", "keyformer"):
-            raise UsageError(f"--recent-ratio applies to h2o and keyformer, not {args.policy}")
-        params["recent_ratio"] = args.recent_ratio
-    if args.noise is not None:
-        if args.policy != "keyformer":
-            raise UsageError(f"--noise applies to keyformer only, not {args.policy}")
-        params["noise"] = args.noise
-    if args.policy == "keyformer":
-        params.update(seed=args.seed, max_new_tokens=args.max_new_tokens)
-    try:
-        return make_policy(args.policy, **params)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def run(args: argparse.Namespace) -> dict:
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available")
-    if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise UsageError(f"prompt file {path} does not exist")
-        text = path.read_text(encoding="utf-8")
-    else:
-        text = args.prompt
-    if not text.strip():
-        raise UsageError("the prompt is empty")
-    policy = policy_from_args(args)
-    torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args.model, args.device)
-    input_ids = tokenizer(text, return_tensors="pt").input_ids.to(args.device)
-    if input_ids.shape[1] == 0:
-        raise UsageError("the prompt encodes to no tokens")
-    max_positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "max_seq_len", None)
-    if max_positions and input_ids.shape[1] + args.max_new_tokens > max_positions:
-        raise UsageError(f"prompt ({input_ids.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceeds "
-                         f"the model's {max_positions} positions")
-    with prefill(model, policy, input_ids) as state:
-        decode_n_tokens(state, args.max_new_tokens - 1, eos_token_id=tokenizer.eos_token_id)
-        new_tokens = state.tokens[0].tolist()
-        if tokenizer.eos_token_id in new_tokens:
-            new_tokens = new_tokens[:new_tokens.index(tokenizer.eos_token_id)]
-        return {
-            "text": tokenizer.decode(new_tokens, skip_special_tokens=True),
-            "model": args.model,
-            "policy": policy.name,
-            "params": policy.params(),
-            "prompt_tokens": int(input_ids.shape[1]),
-            "generated_tokens": len(new_tokens),
-            "kv_budget": int(policy.budget[0]),
-            "recent_window": int(policy.recent[0]),
-            "kv_lengths": policy.kv_lengths(),
-            "kv_bytes": policy.kv_bytes(),
-            "prefill_s": state.prefill_s,
-            "decode_step_s": statistics.median(state.step_s) if state.step_s else None,
-            "decode_steps": len(state.step_s),
-            "score_flops": policy.score_work.flops,
-            "device": args.device,
-            "seed": args.seed,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "torch_threads": torch.get_num_threads(),
-            "transformers": compat.TRANSFORMERS_VERSION,
-        }
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        result = run(args)
-    except (UsageError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # library-level refusals (unsupported architecture, bad budget, ...)
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(result["text"])
-        print(f"[{result['policy']}: prompt {result['prompt_tokens']} tokens, budget {result['kv_budget']}, "
-              f"kv_lengths {result['kv_lengths']}, median decode step {result['decode_step_s']}]", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -115,8 +115,7 @@ def validate(obj) -> None:
                 converted = tuple(meta["convert"](item) for item in items)
             except (TypeError, ValueError) as exc:
                 raise FieldError(name, _problem(exc, meta), value) from None
-            if converted != items:
-                object.__setattr__(obj, name, converted if meta["list"] else converted[0])
+            object.__setattr__(obj, name, converted if meta["list"] else converted[0])   # lists become tuples
             items = converted
         for item in items:
             problem = None
@@ -137,11 +136,12 @@ def _problem(exc: Exception, meta: dict) -> str:
 # --- the CLI side --------------------------------------------------------------------------------------------
 
 def _text_parser(f: dataclasses.Field, meta: dict) -> Callable:
-    """The text -> value parser of a flag: the field's `convert`, else its (item) type: int, float or str."""
+    """The text -> value parser of a flag: the field's `convert`, else its (item) type: int, float or str
+    (bool: the flag is a switch)."""
     if meta["convert"] is not None:
         return meta["convert"]
     kind = f.type if isinstance(f.type, str) else str(f.type)     # "tuple[int, ...]", "<class 'float'>"
-    for name, cast in (("int", int), ("float", float)):
+    for name, cast in (("bool", bool), ("int", int), ("float", float)):
         if re.search(rf"\b{name}\b", kind):
             return cast
     return str
@@ -176,6 +176,10 @@ def add_flags(parser, cls, names: Iterable[str], *, defaults: dict | None = None
         flag = flag_of(cls, name)
         parse = _text_parser(f, meta)
         kwargs = {"dest": name, "help": help.get(name, meta.get("help") or None)}
+        if parse is bool:           # a switch: off unless given
+            kwargs.update(action="store_true", default=defaults.get(name, f.default))
+            parser.add_argument(flag, **kwargs)
+            continue
         if meta.get("list"):
             kwargs["type"] = csv_list(parse, flag)
         else:

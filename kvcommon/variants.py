@@ -31,8 +31,6 @@ class PolicyVariant:
             raise ValueError(f"empty policy name in {text!r}")
         params = {}
         items = [p.strip() for p in rest.split(",")]
-        if rest.strip() and not any(items):
-            raise ValueError(f"bad policy variant {text!r}: nothing after ':'")
         for i, item in enumerate(filter(None, items)):
             key, eq, value = item.partition("=")
             if not eq and positional is not None and i == 0:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(__file__).resolve().parent / "data"   # the bundled data (traces.catalog() lists it)
 
 
 def assets_dir() -> Path:

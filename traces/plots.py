@@ -16,15 +16,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-POLICY_STYLE = {
-    "full": {"color": "black"}, "window": {"color": "tab:gray", "marker": "v"},
-    "streaming": {"color": "tab:orange", "marker": "s"}, "h2o": {"color": "tab:blue", "marker": "o"},
-    "keyformer": {"color": "tab:red", "marker": "D"},
-}
+from kvcommon.styles import style
 
 
 def _style(policy: str) -> dict:
-    return POLICY_STYLE.get(policy, {"marker": "x"})
+    """The project's one style table (kvcommon.styles): colour and marker, solid lines with error bars."""
+    s = style(policy)
+    return {"color": s.color, "marker": s.marker}
 
 
 def _panels(quality: pd.DataFrame):
@@ -61,7 +59,7 @@ def _lines(ax, frame: pd.DataFrame, column: str, full_line: bool = True, pct99: 
 
 
 def _save(fig, path: Path) -> Path:
-    from hwmodels.cli import atomic_writer
+    from kvcommon.cli import atomic_writer
 
     fig.tight_layout()
     atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110))

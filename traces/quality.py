@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hwmodels.cli import OneLineParser, atomic_writer
+from kvcommon.cli import OneLineParser, atomic_writer
 
 import traces
 from traces import schema

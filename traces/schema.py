@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from kvcommon.variants import PolicyVariant
+
 SCHEMA_VERSION = 1
 KIND = "kvsim-trace"
 
@@ -90,7 +92,4 @@ def policy_label(name: str, params: dict | None = None) -> str:
     Only parameters that the user set explicitly are part of the label; cache_ratio and recent_ratio
     never are (they are columns / manifest fields).
     """
-    if not params:
-        return name
-    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
-    return f"{name}({inner})"
+    return PolicyVariant(name, dict(params or {})).label

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..curves import TableCurve
-from .fit import raw_efficiency, round_fraction, table_document
+from .fit_tables import raw_efficiency, round_fraction, table_document
 
 # kind -> (series prefix, hardware-file key, what the engine op computes)
 KINDS = {

@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 
 from keyformer import make_policy
-from keyformer.generate import decode_n_tokens, main, prefill
+from keyformer.cli import main
+from keyformer.generate import decode_n_tokens, prefill
 from traces.assets import assets_dir, have_assets
 
 STORIES = ("stories260K", "hf")
@@ -30,7 +31,7 @@ def run_cli(capsys, *argv):
     (["--model", "/nonexistent/model", "--policy", "h2o", "--cache-ratio", "0.5", "--prompt", "hi"],
      "does not exist"),
     (["--model", "{tmp}", "--policy", "h2o", "--cache-ratio", "0.5", "--prompt", "hi"], "cannot load model"),
-    (["--model", "{tmp}", "--policy", "keyformer", "--cache-ratio", "1.5", "--prompt", "hi"], "cache_ratio"),
+    (["--model", "{tmp}", "--policy", "keyformer", "--cache-ratio", "1.5", "--prompt", "hi"], "--cache-ratio must be in (0, 1], got 1.5"),
     (["--model", "{tmp}", "--policy", "h2o", "--cache-ratio", "0.5", "--noise", "none", "--prompt", "hi"],
      "--noise applies to keyformer"),
     (["--model", "{tmp}", "--policy", "window", "--cache-ratio", "0.5", "--recent-ratio", "0.2", "--prompt", "x"],
@@ -38,7 +39,7 @@ def run_cli(capsys, *argv):
     (["--model", "{tmp}", "--policy", "h2o", "--cache-ratio", "0.5", "--prompt-file", "/nonexistent.txt"],
      "prompt file"),
     (["--model", "{tmp}", "--policy", "snapkv", "--cache-ratio", "0.5", "--prompt", "hi"], "invalid choice"),
-    (["--model", "{tmp}", "--policy", "h2o", "--cache-ratio", "half", "--prompt", "hi"], "invalid float"),
+    (["--model", "{tmp}", "--policy", "h2o", "--cache-ratio", "half", "--prompt", "hi"], "expected a number, got 'half'"),
     (["--model", "{tmp}", "--policy", "h2o", "--cache-ratio", "0.5"], "required"),
 ])
 def test_cli_user_mistakes_are_one_line_exit_2(capsys, tmp_path, argv, message):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from keyformer.generate import UsageError, main, parse_args, policy_from_args
+from keyformer.cli import UsageError, main, parse_args, policy_from_args
 from traces.assets import assets_dir, have_assets
 
 

@@ -19,33 +19,55 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvcommon.design import CACHE_RATIO_RANGE, RECENT_RATIO_RANGE
+from kvcommon.fields import FieldError, at_least, param, validate
 from traces import schema
-from traces.datasets import dataset_info, load_samples
+from traces.datasets import DATASETS, dataset_info, load_samples
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
+def _device_problem(device: str) -> str | None:
+    return None if device in ("cpu", "cuda") or device.startswith("cuda:") else "must be cpu or cuda"
+
+
 @dataclass
 class CaptureConfig:
-    model: str
-    policies: list  # policy specs: "h2o", "keyformer:noise=gaussian" (strings) or PolicySpec
-    dataset: str
-    out: Path
-    n: int = 8
-    max_new_tokens: int = 32
-    cache_ratios: tuple = DEFAULT_RATIOS
-    recent_ratio: float | None = None  # None: each policy's own default
-    device: str = "cpu"
-    dtype: str = "fp32"
-    seed: int = 0
-    max_prompt_tokens: int | None = None
-    teacher_forced: bool | None = None  # None: the dataset's mode (long-text is teacher-forced)
-    threads: int | None = None  # torch CPU threads (None: torch's default); recorded in the manifest
-    detail: str = "full"  # "summary": per-step kv rows (means over layers and heads), no kept positions
+    """One capture, each parameter declared once: its help, check and flag (kvcommon.fields) feed both
+    this check and `python -m traces.capture`'s flags; errors name the field (`n must be >= 1, got 0`)."""
+    model: str = param(help="model folder, HF id, or smollm2-135m | stories260k | tiny-llama | tiny-gpt2")
+    # policy specs: "h2o", "keyformer:noise=gaussian" (strings) or PolicySpec; the CLI's --policy is its own
+    policies: list = param(help="policy variants")
+    dataset: str = param(help=f"{', '.join(DATASETS)}, long-text:NAME or jsonl:PATH")
+    out: Path = param(help="trace folder to write (resumed if it holds the same capture)")
+    n: int = param(8, help="number of samples (default 8)", check=at_least(1))
+    max_new_tokens: int = param(32, help="tokens generated or forced (default 32)", check=at_least(1))
+    cache_ratios: tuple[float, ...] = param(DEFAULT_RATIOS, list=True, check=CACHE_RATIO_RANGE,
+                                            help="kept fraction of the prompt (default 0.1,...,1.0; full uses 1.0 only)")
+    recent_ratio: float | None = param(None, check=RECENT_RATIO_RANGE,   # None: each policy's own default
+                                       help="recent-window share of the budget for h2o/keyformer (default: the policy's own)")
+    device: str = param("cpu", help="cpu or cuda (default cpu)", check=_device_problem)
+    dtype: str = param("fp32", help="fp32, bf16 or fp16 (default fp32)", choices=("fp32", "bf16", "fp16"))
+    seed: int = param(0)
+    max_prompt_tokens: int | None = param(None, help="cut longer documents to fit", check=at_least(2))
+    # None: the dataset's mode (long-text is teacher-forced)
+    teacher_forced: bool | None = param(None, help="force the reference tokens instead of generating (perplexity, "
+                                                   "top-1 agreement); the default for long-text")
+    # torch CPU threads (None: torch's default); recorded in the manifest
+    threads: int | None = param(None, help="torch CPU threads (default: torch's choice)", check=at_least(1))
+    # "summary": per-step kv rows (means over layers and heads), no kept positions
+    detail: str = param("full", choices=("full", "summary"),
+                        help="full: kv rows per layer and KV head plus kept positions; summary: one kv row per step "
+                             "(means over layers and heads), no kept positions, for large quality runs (default full)")
     shared_prefill: bool = True  # one recorded prompt forward per sample, replayed for every run on it
-    batch_size: int = 1  # samples decoded together (left-padded); >1 is several times faster on CPU
-    long_text_chars: int = 6000  # chunk size of long-text samples (half prompt, half forced continuation)
-    overwrite: bool = False
+    # samples decoded together (left-padded); >1 is several times faster on CPU
+    batch_size: int = param(1, check=at_least(1),
+                            help="samples decoded together, left-padded (default 1). Larger batches run several "
+                                 "times faster on CPU; Keyformer's noise is then drawn per batch")
+    # chunk size of long-text samples (half prompt, half forced continuation)
+    long_text_chars: int = param(6000, check=at_least(200),
+                                 help="characters per long-text chunk: the first half is the prompt (default 6000)")
+    overwrite: bool = param(False, help="discard what --out holds and start over")
     progress: bool = True
     specs: list = field(init=False, repr=False)
 
@@ -60,30 +82,11 @@ class CaptureConfig:
         if len(set(labels)) != len(labels):
             raise ValueError(f"policy given twice: {', '.join(labels)}")
         self.cache_ratios = tuple(float(r) for r in self.cache_ratios)
-        if not self.cache_ratios or any(not 0.0 < r <= 1.0 for r in self.cache_ratios):
-            raise ValueError(f"cache ratios must be in (0, 1], got {list(self.cache_ratios)}")
+        if not self.cache_ratios:
+            raise FieldError("cache_ratios", "must hold at least one ratio", [])
+        validate(self)
         if len(set(self.cache_ratios)) != len(self.cache_ratios):
             raise ValueError("a cache ratio is given twice")
-        if self.recent_ratio is not None and not 0.0 <= self.recent_ratio <= 1.0:
-            raise ValueError(f"--recent-ratio must be in [0, 1], got {self.recent_ratio}")
-        if self.n < 1:
-            raise ValueError(f"--n must be >= 1, got {self.n}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 2:
-            raise ValueError(f"--max-prompt-tokens must be >= 2, got {self.max_prompt_tokens}")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.dtype not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"--dtype must be fp32, bf16 or fp16, got {self.dtype!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {self.threads}")
-        if self.detail not in ("full", "summary"):
-            raise ValueError(f"--detail must be full or summary, got {self.detail!r}")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.long_text_chars < 200:
-            raise ValueError(f"--long-text-chars must be >= 200, got {self.long_text_chars}")
         dataset_info(self.dataset)  # unknown names fail here, before any model loads
 
     def ratios_for(self, spec) -> tuple:
