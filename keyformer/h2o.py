@@ -12,13 +12,14 @@ from typing import ClassVar
 import torch
 
 from keyformer.base import Policy
+from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 
 
 @dataclass
 class H2OPolicy(Policy):
     name: ClassVar[str] = "h2o"
     needs_scores: ClassVar[bool] = True
-    score_flops_per_element: ClassVar[int] = 1  # the accumulation (the softmax is the model's own)
+    score_flops_per_element: ClassVar[int] = SCORE_FLOPS_PER_ELEMENT["h2o"]  # counted in kvcommon.score_costs
 
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         return probs

@@ -11,6 +11,7 @@ from typing import ClassVar
 import torch
 
 from keyformer.base import SELECTIONS, Policy
+from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 
 NOISES = ("gumbel", "gaussian", "constant", "none")
 # The ablation's (paper §4.4.3, Table 4) moments of the standard Gumbel: Euler's gamma and pi/sqrt(6).
@@ -37,9 +38,7 @@ class KeyformerPolicy(Policy):
     selection: str = "paper"
     name: ClassVar[str] = "keyformer"
     needs_scores: ClassVar[bool] = True
-    # noise (about 4: uniform draw, two logs) + add + divide by tau + softmax (max, subtract, exp, sum,
-    # divide: 5) + accumulate
-    score_flops_per_element: ClassVar[int] = 12
+    score_flops_per_element: ClassVar[int] = SCORE_FLOPS_PER_ELEMENT["keyformer"]  # counted in kvcommon.score_costs
 
     def __post_init__(self) -> None:
         super().__post_init__()

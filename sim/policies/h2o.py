@@ -3,15 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 from sim.policies.scored import ScoredPolicy
 
 
 @dataclass(frozen=True)
 class H2OPolicy(ScoredPolicy):
     name = "h2o"
-    # per kept score element and query head: the attention probability is scaled and added to the
-    # accumulated score (scale + add)
-    score_flops = 2.0
+    score_flops = float(SCORE_FLOPS_PER_ELEMENT["h2o"])       # keyformer/'s figure (kvcommon.score_costs)
     # kvsim (keyformer/h2o.py): the model's probabilities are the score: group sum and += (2 kernels); the
     #   eviction of base._evict_one (compare with the window floor, masked_fill(inf), min, two scatter_:
     #   5 kernels, ~7 passes over rows x kv heads x slots).

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 from sim.policies.scored import ScoredPolicy
 
 
 @dataclass(frozen=True)
 class KeyformerPolicy(ScoredPolicy):
     name = "keyformer"
-    # per kept score element and query head: Gumbel noise (counter RNG ~10 ops, two logs), divide by the
-    # temperature, a second softmax over the noisy logits and the accumulation: ~30 ops
-    score_flops = 30.0
+    score_flops = float(SCORE_FLOPS_PER_ELEMENT["keyformer"])  # keyformer/'s figure (kvcommon.score_costs)
     # kvsim (keyformer/keyformer.py + base.py): the Gumbel noise of all layers is drawn once per step
     #   (random_, &, to, mul_, log_, neg_, log_, mul_: 8 kernels, ~15 passes over n_layers x the score
     #   tensor); per layer torch.add(noise, logits / tau) and softmax (2 kernels, ~6 passes), the GQA group

@@ -59,3 +59,10 @@ def test_eager_paths_are_the_scored_policies():
         p = policies.get(name)
         for stack in ("kvsim", "hf"):
             assert (p.eager_path(stack) is not None) == p.scored
+
+
+def test_one_score_cost_figure_on_both_sides():
+    keyformer = pytest.importorskip("keyformer")
+    for name in policies.SCORED:
+        assert policies.get(name).score_flops == keyformer.POLICIES[name].score_flops_per_element
+    assert policies.get("keyformer").score_flops == 12 and policies.get("h2o").score_flops == 1

@@ -1,0 +1,12 @@
+"""The score cost of each scored policy: FLOPs per score element (one query head's probability, or logit, of
+one kept key), the one figure keyformer/'s ScoreWork and the simulator's operator tables both read.
+
+Counted as the roofline counts every elementwise op (sim's softmax is 5: max, subtract, exp, sum, divide;
+a transcendental is one op like an add):
+- keyformer: Gumbel noise -log(-log u) (the uniform from the RNG's integer bits, log, negate, log: 4), add it
+  to the logit (1), divide by the temperature (1), the second softmax (5), accumulate into the score (1): 12.
+  The RNG's integer mixing is not floating-point work.
+- h2o: the model's own softmax is the score; each probability is added into its KV head's accumulated
+  score (the GQA group sum and the accumulation are one add per element): 1.
+"""
+SCORE_FLOPS_PER_ELEMENT: dict[str, int] = {"keyformer": 12, "h2o": 1}
