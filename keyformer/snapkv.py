@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from keyformer.base import Policy
+from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 
 POOLINGS = ("avg", "max")
 
@@ -25,8 +26,7 @@ class SnapKVPolicy(Policy):
     name: ClassVar[str] = "snapkv"
     needs_scores: ClassVar[bool] = True
     evicts_while_decoding: ClassVar[bool] = False
-    # window rows of the model's softmax summed, plus the pool: about 2 per element of the window rows
-    score_flops_per_element: ClassVar[int] = 1
+    score_flops_per_element: ClassVar[int] = SCORE_FLOPS_PER_ELEMENT["snapkv"]  # counted in kvcommon.score_costs
 
     def __post_init__(self) -> None:
         super().__post_init__()

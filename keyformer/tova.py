@@ -10,6 +10,7 @@ from typing import ClassVar
 import torch
 
 from keyformer.base import Policy
+from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 
 
 @dataclass
@@ -18,7 +19,7 @@ class TOVAPolicy(Policy):
     name: ClassVar[str] = "tova"
     needs_scores: ClassVar[bool] = True
     accumulates: ClassVar[bool] = False
-    score_flops_per_element: ClassVar[int] = 1  # the mean over heads of the last query's row
+    score_flops_per_element: ClassVar[int] = SCORE_FLOPS_PER_ELEMENT["tova"]  # counted in kvcommon.score_costs
 
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         batch, kv_heads, _, _, slots = probs.shape

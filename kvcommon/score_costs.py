@@ -8,5 +8,8 @@ a transcendental is one op like an add):
   The RNG's integer mixing is not floating-point work.
 - h2o: the model's own softmax is the score; each probability is added into its KV head's accumulated
   score (the GQA group sum and the accumulation are one add per element): 1.
+- snapkv: the observation window's probabilities are summed into one vote per prompt key: 1 (the pooling
+  along the sequence is counted separately, per pooled element).
+- tova: the current query's probabilities are averaged over the layer's heads: 1.
 """
-SCORE_FLOPS_PER_ELEMENT: dict[str, int] = {"keyformer": 12, "h2o": 1}
+SCORE_FLOPS_PER_ELEMENT: dict[str, int] = {"keyformer": 12, "h2o": 1, "snapkv": 1, "tova": 1}

@@ -3,8 +3,8 @@ keyformer/'s one class per policy): `get(name)` returns the policy object, `NAME
 
 The engine, capacity and profiles ask the object (kv lengths, peak, state bytes, its own operators, its
 eager score path); sim.kvlen keeps the string-keyed functions for callers that hold a name.
-keyformer/ runs two more policies, snapkv and tova, that the simulator does not model yet (SnapKV's
-cache grows after a one-shot prompt compression; TOVA ranks by the current query only, no recent window).
+SnapKV (a one-shot prompt compression, then the cache grows) and TOVA (ranks by the current query only,
+no recent window, no accumulated state) are modelled too: the same seven policies as keyformer/.
 """
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from sim.policies.full import FullPolicy
 from sim.policies.h2o import H2OPolicy
 from sim.policies.keyformer import KeyformerPolicy
 from sim.policies.scored import ScoredPolicy
+from sim.policies.snapkv import SnapKVPolicy
 from sim.policies.streaming import StreamingPolicy
+from sim.policies.tova import TOVAPolicy
 from sim.policies.window import WindowPolicy
 
 _POLICIES: dict[str, SimPolicy] = {cls.name: cls() for cls in (FullPolicy, WindowPolicy, StreamingPolicy,
-                                                                H2OPolicy, KeyformerPolicy)}
+                                                                H2OPolicy, KeyformerPolicy, SnapKVPolicy,
+                                                                TOVAPolicy)}
 NAMES: tuple[str, ...] = tuple(_POLICIES)
 EVICTING: tuple[str, ...] = tuple(n for n, p in _POLICIES.items() if p.evicts)
 SCORED: tuple[str, ...] = tuple(n for n, p in _POLICIES.items() if p.scored)
@@ -32,4 +35,5 @@ def get(name: str) -> SimPolicy:
 
 
 __all__ = ["NAMES", "EVICTING", "SCORED", "get", "budget", "recent_window", "SimPolicy", "ScoredPolicy",
-           "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy", "KeyformerPolicy"]
+           "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy", "KeyformerPolicy", "SnapKVPolicy",
+           "TOVAPolicy"]

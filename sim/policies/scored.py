@@ -52,7 +52,7 @@ class ScoredPolicy(SimPolicy):
 
     def prefill_ops(self, ctx: OpContext) -> list[Op]:
         """After the prompt: score every prompt token, pick top-(k-w) plus the recent w, gather k of n."""
-        m, ab, kvb = ctx.model, ctx.ab, ctx.kvb
+        m, ab = ctx.model, ctx.ab
         hd, h, hkv = m.head_dim, m.n_heads, m.n_kv_heads
         rows, q, past = ctx.rows, ctx.new_tokens, ctx.past_tokens
         n = past + q
@@ -67,13 +67,33 @@ class ScoredPolicy(SimPolicy):
         if not ctx.completes_prompt:
             return ops
         k = budget(n, ctx.cache_ratio)
-        w = recent_window(k, ctx.recent_ratio)
-        candidates = rows * hkv * np.maximum(n - w, 1.0)
-        ops += [
-            Op("select_topk", True, flops=candidates * np.log2(np.maximum(k - w, 2.0)),
-               act_bytes=candidates * SCORE_BYTES, launches=_launch(ctx, "select_topk")),
-            Op("compact", True, act_bytes=2 * rows * hkv * k * SCORE_BYTES,
-               kv_read_bytes=2 * rows * hkv * k * hd * kvb, kv_write_bytes=2 * rows * hkv * k * hd * kvb,
-               launches=_launch(ctx, "compact")),
-        ]
-        return ops
+        return ops + selection_ops(ctx, n, k, recent_window(k, ctx.recent_ratio))
+
+
+def selection_ops(ctx: OpContext, n, k, w) -> list[Op]:
+    """Once the prompt is scored: top-(k - w) of the n - w candidates per KV head, then gather the k kept
+    K/V (and their scores) into the cache."""
+    m, kvb = ctx.model, ctx.kvb
+    hd, hkv, rows = m.head_dim, m.n_kv_heads, ctx.rows
+    candidates = rows * hkv * np.maximum(n - w, 1.0)
+    return [
+        Op("select_topk", True, flops=candidates * np.log2(np.maximum(k - w, 2.0)),
+           act_bytes=candidates * SCORE_BYTES, launches=_launch(ctx, "select_topk")),
+        Op("compact", True, act_bytes=2 * rows * hkv * k * SCORE_BYTES,
+           kv_read_bytes=2 * rows * hkv * k * hd * kvb, kv_write_bytes=2 * rows * hkv * k * hd * kvb,
+           launches=_launch(ctx, "compact")),
+    ]
+
+
+def last_queries_score_ops(ctx: OpContext, queries, score_flops: float) -> list[Op]:
+    """Score the prompt by its last `queries` queries only (SnapKV's observation window, TOVA's current
+    query): recompute their logits against all n prompt keys from the cache (GEMM-class, as above), softmax,
+    and reduce into one score per prompt key and KV head. Runs with the chunk that completes the prompt."""
+    m, ab, kvb = ctx.model, ctx.ab, ctx.kvb
+    hd, h, hkv, rows = m.head_dim, m.n_heads, m.n_kv_heads, ctx.rows
+    n = ctx.past_tokens + ctx.new_tokens
+    w = np.minimum(queries, n)
+    elems = rows * h * w * (n - (w - 1) * 0.5)         # causal inside the window
+    return [Op("score_update", True, flops=elems * (2 * hd + SOFTMAX_FLOPS + score_flops),
+               act_bytes=rows * w * h * hd * ab + rows * hkv * n * SCORE_BYTES,
+               kv_read_bytes=rows * hkv * n * hd * kvb, launches=_launch(ctx, "score_update"), matmul=True)]
