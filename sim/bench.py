@@ -3,6 +3,7 @@
 Draws N random points (device, model, policy, batch, beams, prompt, gen, cache/recent ratio, dtypes)
 and evaluates them through sim.sweep.evaluate, the same path a sweep takes, capacity included. The
 last line printed is `points_per_s=<number>` so scripts can read it. A benchmark, not a test.
+The library's one benchmark (installed, `kvsim bench`); one-off scripts live in benchmarks/ (its README).
 """
 from __future__ import annotations
 

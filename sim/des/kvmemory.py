@@ -3,12 +3,17 @@
 A block holds `block_tokens` tokens of K and V for every layer and KV head of one request, so a request
 holding t tokens (mean per KV head, see sim.des.scheduler) occupies ceil(t / block_tokens) blocks.
 The pool only counts blocks: which physical block a token sits in does not change any step time.
+`kv_schedule_table` lays out what each request holds per decode step, and its peak, for the scheduler.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .step_plan import KVLengths
 
 
 @dataclass
@@ -56,3 +61,29 @@ class BlockPool:
     @property
     def capacity_bytes(self) -> float:
         return self.capacity_blocks * self.block_bytes
+
+
+def kv_schedule_table(kv: KVLengths, prompt: np.ndarray, output: np.ndarray,
+                      pool: BlockPool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All distinct per-request KV schedules in one flat float array, each request's offset in it, and
+    each request's peak need in blocks (max over its prefill and decode steps, +1 for the appended token)."""
+    n = len(prompt)
+    pieces, offsets, seen = [], np.zeros(n, dtype=np.int64), {}
+    peak_tokens = np.zeros(n)
+    total = 0
+    for i in range(n):
+        p, gen = int(prompt[i]), int(output[i])
+        sched = np.asarray(kv.decode_kv(i, p, gen), dtype=float)
+        if sched.ndim != 1 or len(sched) < gen - 1:
+            raise ValueError(f"kv schedule of request {i} has shape {sched.shape}; needs >= {gen - 1} decode steps")
+        key = id(sched)
+        if key not in seen:
+            seen[key] = (total, sched)  # keep a reference so id() stays unique
+            pieces.append(sched)
+            total += len(sched)
+        offsets[i] = seen[key][0]
+        steps = sched[:gen - 1]
+        peak_tokens[i] = max(p, steps.max() + 1.0 if len(steps) else 0.0)
+    # one padding slot so that a request with G = 1 indexes a valid (unused) entry
+    flat = np.concatenate(pieces + [np.zeros(1)]) if pieces else np.zeros(1)
+    return flat, offsets, pool.blocks_for(peak_tokens)

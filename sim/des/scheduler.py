@@ -30,73 +30,17 @@ A request that cannot fit in an empty KV pool is dropped (reported, never silent
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from .arrivals import Workload
-from .kvmemory import BlockPool
+from .kvmemory import BlockPool, kv_schedule_table
+from .step_plan import ADMISSION_MODES, DEFAULT_WATERMARK, KVLengths, SchedulerConfig, StepPlan
 
-ADMISSION_MODES = ("paged", "reserve")
-DEFAULT_WATERMARK = 0.01  # vLLM's default fraction of blocks kept free when admitting new prefills
+__all__ = ["ADMISSION_MODES", "DEFAULT_WATERMARK", "KVLengths", "Scheduler", "SchedulerConfig", "StepPlan"]
 
 # request status codes
 WAITING, PREFILL, DECODE, DONE, DROPPED, NOT_ARRIVED = range(6)
-
-
-class KVLengths(Protocol):
-    def decode_kv(self, request: int, prompt: int, gen: int) -> np.ndarray:
-        """Cached tokens per KV head (mean over layers) read by decode steps 0.. of this request, before
-        the step appends its own token (sim.kvlen.kv_tokens convention); length >= gen - 1."""
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    block_tokens: int = 16
-    capacity_blocks: int = 1
-    block_bytes: float = 1.0
-    max_batch: int | None = None           # vLLM max_num_seqs: requests in flight (prefilling + decoding)
-    chunked_prefill: int | None = None     # token budget per step (decodes count 1 each); None = whole prompts
-    max_step_tokens: int | None = None     # without chunking: prefill tokens per step (vLLM max_num_batched_tokens);
-                                           # one prompt longer than this still runs alone
-    admission: str = "paged"
-    watermark: float = DEFAULT_WATERMARK
-
-    def __post_init__(self):
-        if self.admission not in ADMISSION_MODES:
-            raise ValueError(f"unknown admission mode {self.admission!r}; expected one of {', '.join(ADMISSION_MODES)}")
-        if self.max_batch is not None and self.max_batch < 1:
-            raise ValueError(f"--max-batch must be >= 1, got {self.max_batch}")
-        if self.chunked_prefill is not None and self.chunked_prefill < 1:
-            raise ValueError(f"--chunked-prefill must be >= 1 token, got {self.chunked_prefill}")
-        if self.max_step_tokens is not None and self.max_step_tokens < 1:
-            raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
-        if not (0.0 <= self.watermark < 1.0):
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-
-
-@dataclass
-class StepPlan:
-    """One forward pass: decode requests (one token each) and prefill chunks
-    (request, new_tokens, past_tokens, completes_prompt)."""
-
-    decode_ids: np.ndarray
-    decode_kv: np.ndarray                  # cached tokens per KV head each decode request reads
-    prefill: list[tuple[int, int, int, bool]] = field(default_factory=list)
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.decode_ids) + len(self.prefill)
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(chunk[1] for chunk in self.prefill)
-
-    @property
-    def prefill_chunks(self) -> list[tuple[int, int, bool]]:
-        """(new_tokens, past_tokens, completes_prompt) as sim.engine.prefill_time takes them."""
-        return [(new, past, completes) for _, new, past, completes in self.prefill]
 
 
 class Scheduler:
@@ -133,28 +77,9 @@ class Scheduler:
         self.total_preemptions = 0
 
     # ---- setup -------------------------------------------------------------------------------------
+    # ---- setup -------------------------------------------------------------------------------------
     def _build_kv_table(self, kv: KVLengths) -> None:
-        """One flat float array of all distinct per-request kv schedules, and each request's offset in it."""
-        pieces, offsets, seen = [], np.zeros(self.n_requests, dtype=np.int64), {}
-        peak_tokens = np.zeros(self.n_requests)
-        total = 0
-        for i in range(self.n_requests):
-            prompt, gen = int(self.prompt[i]), int(self.output[i])
-            sched = np.asarray(kv.decode_kv(i, prompt, gen), dtype=float)
-            if sched.ndim != 1 or len(sched) < gen - 1:
-                raise ValueError(f"kv schedule of request {i} has shape {sched.shape}; needs >= {gen - 1} decode steps")
-            key = id(sched)
-            if key not in seen:
-                seen[key] = (total, sched)  # keep a reference so id() stays unique
-                pieces.append(sched)
-                total += len(sched)
-            offsets[i] = seen[key][0]
-            steps = sched[:gen - 1]
-            peak_tokens[i] = max(prompt, steps.max() + 1.0 if len(steps) else 0.0)
-        # one padding slot so that a request with G = 1 indexes a valid (unused) entry
-        self.kv_flat = np.concatenate(pieces + [np.zeros(1)]) if pieces else np.zeros(1)
-        self.kv_offset = offsets
-        self.peak_blocks = self.pool.blocks_for(peak_tokens)
+        self.kv_flat, self.kv_offset, self.peak_blocks = kv_schedule_table(kv, self.prompt, self.output, self.pool)
 
     # ---- queue -------------------------------------------------------------------------------------
     def arrive(self, i: int, now: float) -> None:

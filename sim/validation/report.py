@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from sim.cli import atomic_write_text, atomic_writer
-from sim.validation.noise import noise_summary
-from sim.validation.points import is_flagged, stats
+from sim.validation.analysis import Validation, mape_of, max_error_of
+from sim.validation.points import is_flagged
 
 REGIME_TITLES = {
     "decode-b1": "batch-1 decode (memory-bound)",
@@ -32,110 +32,6 @@ REGIME_TITLES = {
 PLOT_NAME = "validation-parity.png"
 SCATTER_HEADER = "round scatter % (prediction within rounds?)"
 POINTS_NAME = "validation-points.csv"   # every point, machine-readable (notebooks read it)
-
-
-def targets(points: pd.DataFrame, threshold: float) -> list[dict]:
-    """The issue's targets, evaluated on the points that exist (a target with no points says so)."""
-    out = []
-    measured = points[(points["kind"] == "measured") & (points["metric"] == "step_latency_s")]
-    on_cpu = measured["origin"].astype(str).str.startswith("cpu")
-    # the issue's CPU grid: this project's capture (kvsim-eager) under traces/data/cpu/
-    cpu_decode = measured[(measured["origin"] == "cpu") & (measured["profile"] == "kvsim-eager")]
-    out.append(dict(target="CPU decode-step latency, MAPE <= 10% (on the way to 5%)", limit=10.0,
-                    points=len(cpu_decode), value=_mape(cpu_decode), kind="MAPE"))
-    speedups = points[(points["kind"] == "reference") & (points["metric"] == "speedup")]
-    out.append(dict(target="paper speedup ratios (Table 1 / Figure 9) within 10% under hf-eager", limit=10.0,
-                    points=len(speedups), value=_max(speedups), kind="max |error|"))
-    hf_cpu = measured[on_cpu & (measured["profile"] == "hf-eager")]
-    if len(hf_cpu):   # transformers' generate measured on the CPU (traces.timing --stack hf)
-        out.append(dict(target="HF beam-search decode steps on CPU under hf-eager, MAPE <= 10% (kvsim's own check)",
-                        limit=10.0, points=len(hf_cpu), value=_mape(hf_cpu), kind="MAPE"))
-    gpu_decode = measured[~on_cpu]
-    if len(gpu_decode):
-        out.append(dict(target="measured GPU decode-step latency, MAPE <= 10%", limit=10.0,
-                        points=len(gpu_decode), value=_mape(gpu_decode), kind="MAPE"))
-    out.append(dict(target=f"every point within the {threshold:g}% flag threshold", limit=threshold,
-                    points=len(points), value=_max(points), kind="max |error|"))
-    for t in out:
-        t["status"] = "no points" if t["points"] == 0 else ("PASS" if t["value"] <= t["limit"] else "FAIL")
-    return out
-
-
-def _mape(df: pd.DataFrame) -> float:
-    return float(df["error_pct"].abs().mean()) if len(df) else float("nan")
-
-
-def _max(df: pd.DataFrame) -> float:
-    return float(df["error_pct"].abs().max()) if len(df) else float("nan")
-
-
-# ---- plot --------------------------------------------------------------------------------------------
-
-PANELS = (("time (s)", ("step_latency_s", "prefill_s")), ("throughput (tokens/s)", ("tokens_per_s",)),
-          ("capacity (requests)", ("max_batch",)),
-          ("ratios and shares", ("speedup", "kv_movement_ratio", "kv_time_share", "latency_ratio")))
-MARKERS = "o^sDvP*XhpH<>d8"
-
-
-def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
-    """Predicted vs measured on log axes, one marker per source, y = x and the +-threshold band."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    panels = [(title, points[points["metric"].isin(metrics)]) for title, metrics in PANELS]
-    panels = [(t, df) for t, df in panels if len(df)]
-    if not panels:
-        panels = [("no points", points)]
-    sources = list(dict.fromkeys(points["source"]))
-    marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(sources)}
-    colors = plt.get_cmap("tab10")
-    color = {s: colors(i % 10) for i, s in enumerate(sources)}
-    ncols = min(2, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 4.8 * nrows + 1.0), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (title, df) in zip(axes.flat, panels):
-        for source, group in df.groupby("source", sort=False):
-            flagged = is_flagged(group, threshold)
-            ax.scatter(group["measured"], group["predicted"], marker=marker[source], s=28, alpha=0.8,
-                       color=color[source], label=source, edgecolors="none")
-            if flagged.any():   # ring the points above the threshold so they stand out
-                ax.scatter(group["measured"][flagged], group["predicted"][flagged], marker="o", s=90,
-                           facecolors="none", edgecolors="red", linewidths=0.9)
-        values = np.concatenate([df["measured"].to_numpy(float), df["predicted"].to_numpy(float)])
-        values = values[np.isfinite(values) & (values > 0)]
-        lo, hi = (values.min() / 1.5, values.max() * 1.5) if len(values) else (0.1, 10)
-        line = np.geomspace(lo, hi, 50)
-        ax.plot(line, line, color="black", lw=0.8)
-        ax.fill_between(line, line * (1 - threshold / 100), line * (1 + threshold / 100), color="grey", alpha=0.15,
-                        label=f"+-{threshold:g}%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):   # plain numbers at 1-2-5 steps: readable on short log ranges
-            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel("measured / published")
-        ax.set_ylabel("predicted")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.2)
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
-    fig.suptitle("kvsim validation: predicted vs measured (red ring: error above threshold)", fontsize=10)
-    legend_rows = (len(labels) + 1) // 2
-    fig.tight_layout(rect=(0, min(0.4, 0.022 * legend_rows * 2 / nrows + 0.02), 1, 0.97))
-    atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None}))
-    plt.close(fig)
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------
@@ -186,24 +82,9 @@ def _point_rows(points: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return df
 
 
-def profile_comparison(compare: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
-    """MAPE per (source kind, regime, profile): the evidence for each source's profile choice."""
-    if compare is None or not len(compare):
-        return pd.DataFrame()
-    source_of = dict(zip(points["id"], points["source"]))
-    df = compare.copy()
-    df["source"] = df["id"].map(source_of).map(lambda s: s.split("/")[0] if isinstance(s, str) and "/" in s else s)
-    df["abs"] = df["error_pct"].abs()
-    table = df.pivot_table(index=["source", "regime"], columns="profile", values="abs", aggfunc="mean")
-    own = df[df["own"]].groupby(["source", "regime"])["profile"].first()
-    table["used"] = own
-    return table.reset_index()
-
-
-def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, refs: pd.DataFrame,
-                   threshold: float, plot_name: str, hw_notes: list[str]) -> str:
-    flagged = points[is_flagged(points, threshold)].sort_values("error_pct", key=lambda e: -e.abs())
-    overall = stats(points)
+def build_markdown(v: Validation, plot_name: str) -> str:
+    """The report of a computed validation (sim.validation.analysis.analyse); formatting only."""
+    points, threshold, refs, flagged = v.points, v.threshold, v.refs, v.flagged
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = ["# kvsim validation report", "",
            f"Generated by `python -m sim.validate` on {now}. Error % = (predicted - measured) / measured; "
@@ -212,13 +93,13 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
     n_ref, n_meas = int((points["kind"] == "reference").sum()), int((points["kind"] == "measured").sum())
     out += ["## Summary", "",
             f"{len(points)} points: {n_ref} published reference values ({refs['file'].nunique() if len(refs) else 0} "
-            f"file(s) under sim/references/) and {n_meas} measured points from {len(sources)} timing folder(s) "
-            f"under traces/data/. Overall MAPE {_fmt(_mape(points))}%, max |error| {_fmt(_max(points))}%, "
+            f"file(s) under sim/references/) and {n_meas} measured points from {len(v.sources)} timing folder(s) "
+            f"under traces/data/. Overall MAPE {_fmt(mape_of(points))}%, max |error| {_fmt(max_error_of(points))}%, "
             f"{len(flagged)} point(s) above {threshold:g}%.", ""]
-    tg = pd.DataFrame(targets(points, threshold))
+    tg = pd.DataFrame(v.targets)
     out += ["### Targets", "", _table(tg, [("target", "target"), ("kind", "statistic"), ("points", "points"),
                                              ("value", "value %"), ("limit", "limit %"), ("status", "status")]), ""]
-    out += _noise_section(points, threshold)
+    out += _noise_section(v.noise, threshold)
     out += [f"## Points above {threshold:g}% ({len(flagged)})", ""]
     if len(flagged):
         out += [_table(_point_rows(flagged, threshold), [("source", "source"), ("configuration", "configuration"),
@@ -227,13 +108,13 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
                                                          ("scatter", SCATTER_HEADER), ("profile", "profile")]), ""]
     else:
         out += ["None.", ""]
-    out += ["## Error by regime", "", _stats_table(overall, REGIME_TITLES), "",
-            "## Error by origin and regime", "", _stats_table(stats(points, ["origin", "regime"])), "",
-            "## Error by source", "", _stats_table(stats(points, "source")), "",
+    out += ["## Error by regime", "", _stats_table(v.by_regime, REGIME_TITLES), "",
+            "## Error by origin and regime", "", _stats_table(v.by_origin_regime), "",
+            "## Error by source", "", _stats_table(v.by_source), "",
             "## Parity plot", "", f"![predicted vs measured]({plot_name})", "",
             "One marker per source, log axes, the black line is y = x and the grey band "
             f"+-{threshold:g}%; red rings mark points above the threshold.", ""]
-    comp = profile_comparison(compare, points)
+    comp = v.profiles
     if len(comp):
         profiles = [c for c in comp.columns if c not in ("source", "regime", "used")]
         out += ["## Software profiles compared", "",
@@ -242,9 +123,9 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
                 "traces.timing ran, this project's slot cache on eager PyTorch = `kvsim-eager`).", "",
                 _table(comp, [("source", "source"), ("regime", "regime")] + [(p, p) for p in profiles]
                        + [("used", "used")]), ""]
-    out += _paper_section(points, compare)
-    out += _context_slope_section(points, refs)
-    out += _provenance_section(sources, refs, hw_notes)
+    out += _paper_section(v.paper)
+    out += _context_slope_section(v.slopes)
+    out += _provenance_section(v.sources, refs, v.hw_notes)
     out += ["## All points", "",
             _table(_point_rows(points, threshold), [("source", "source"), ("configuration", "configuration"),
                                                     ("metric", "metric"), ("regime", "regime"),
@@ -254,9 +135,8 @@ def build_markdown(points: pd.DataFrame, compare: pd.DataFrame, sources: list, r
     return "\n".join(out)
 
 
-def _noise_section(points: pd.DataFrame, threshold: float) -> list[str]:
+def _noise_section(rows: list[dict], threshold: float) -> list[str]:
     """Model error beside the measurement's own noise (sim/validation/noise.py), for points with rounds."""
-    rows = noise_summary(points, threshold)
     if not rows:
         return []
     out = ["### Measurement noise", "",
@@ -274,18 +154,15 @@ def _noise_section(points: pd.DataFrame, threshold: float) -> list[str]:
     return out
 
 
-def _paper_section(points: pd.DataFrame, compare: pd.DataFrame) -> list[str]:
-    refs = points[points["kind"] == "reference"]
-    if not len(refs) or compare is None or not len(compare):
+def _paper_section(paper: pd.DataFrame) -> list[str]:
+    if not len(paper):
         return []
-    wide = compare[compare["id"].isin(refs["id"])].pivot_table(index="id", columns="profile", values="predicted",
-                                                                aggfunc="first")
-    df = refs.set_index("id").join(wide).reset_index()
+    df = paper.copy()
     cols = [("id", "reference"), ("configuration", "configuration"), ("metric", "metric"), ("measured", "published")]
     cols += [(p, f"{p} predicted") for p in ("hf-eager", "fused", "kvsim-eager") if p in df.columns]
     for p in ("hf-eager", "fused"):
         if p in df.columns:
-            df[f"{p}_err"] = ((df[p] - df["measured"]) / df["measured"] * 100).map(lambda e: f"{e:+.1f}")
+            df[f"{p}_err"] = df[f"{p}_err"].map(lambda e: f"{e:+.1f}")
             cols.append((f"{p}_err", f"{p} error %"))
     return ["## Published references under each profile", "",
             "The paper ran Hugging Face eager code; `hf-eager` models it operator by operator "
@@ -294,52 +171,10 @@ def _paper_section(points: pd.DataFrame, compare: pd.DataFrame) -> list[str]:
             _table(df, cols), ""]
 
 
-SLOPE_KEYS = ["model", "device", "software", "dtype", "batch", "beam", "policy", "cache_ratio"]
-
-
-def context_slopes(points: pd.DataFrame, refs: pd.DataFrame) -> pd.DataFrame:
-    """Per-token time vs prompt length, published and predicted: a least-squares line t = a + b x n
-    (ms, n in thousands of prompt tokens) through every group of tokens/s rows that differ only in
-    prompt (and gen) length. It splits an absolute error into a fixed per-step part (a) and a part
-    that grows with the context (b), which is what a speedup ratio between policies depends on."""
-    if not len(refs) or "metric" not in refs.columns:
-        return pd.DataFrame()
-    rows = refs[refs["metric"] == "tokens_per_s"].merge(points[["id", "predicted"]], on="id")
-    out = []
-    for key, group in rows.groupby(SLOPE_KEYS, sort=False):
-        if group["prompt"].nunique() < 2:
-            continue
-        n = group["prompt"].to_numpy(float) / 1000.0
-        fits = {}
-        for side, column in (("published", "value"), ("predicted", "predicted")):
-            per_token_ms = 1000.0 / group[column].to_numpy(float) * group["batch"].to_numpy(float)
-            fits[side] = np.polyfit(n, per_token_ms, 1)          # (slope b, intercept a)
-        label = dict(zip(SLOPE_KEYS, key))
-        policy = label["policy"] if label["policy"] == "full" else f"{label['policy']} {float(label['cache_ratio']):g}"
-        out.append(dict(group=f"{label['model']} {label['device']} {label['dtype']} b{int(label['batch'])}x"
-                              f"{int(label['beam'])}beam {policy}",
-                        prompts=" / ".join(str(int(v)) for v in sorted(group["prompt"].unique())),
-                        pub_slope=fits["published"][0], pred_slope=fits["predicted"][0],
-                        slope_error=(fits["predicted"][0] / fits["published"][0] - 1) * 100,
-                        pub_intercept=fits["published"][1], pred_intercept=fits["predicted"][1],
-                        weights_floor=_weights_floor_ms(group.iloc[0])))
-    return pd.DataFrame(out)
-
-
-def _weights_floor_ms(row) -> float:
-    """One decode step's weight bytes at the device's peak bandwidth (ms): no a can be below it."""
-    from sim.models import load_model
-    from sim.validation import predict
-    device = predict._device(row["device"])
-    weights, _ = predict.decode_bytes(device, load_model(row["model"]), int(row["batch"]), 1.0, row["policy"],
-                                      row["dtype"], row["software"], beams=int(row["beam"]))
-    return weights / device.memory_bw * 1000.0
-
-
-def _context_slope_section(points: pd.DataFrame, refs: pd.DataFrame) -> list[str]:
-    df = context_slopes(points, refs)
-    if not len(df):
+def _context_slope_section(slopes: pd.DataFrame) -> list[str]:
+    if not len(slopes):
         return []
+    df = slopes.copy()
     df["slope_err"] = df["slope_error"].map(lambda e: f"{e:+.1f}")
     return ["### Published throughput as a line in the context length", "",
             "Time per generated token (ms, per request) fitted as a + b x prompt (b per 1k prompt tokens) through "
@@ -392,6 +227,36 @@ def _provenance_section(sources: list, refs: pd.DataFrame, hw_notes: list[str]) 
                 f"predicted on `{m.get('hw_device')}` with `{s.profile}`.")
         out += [""]
     return out
+
+
+def _finite(value: float):
+    return round(float(value), 3) if np.isfinite(value) else None
+
+
+def summary_json(v: Validation, out_path: Path) -> dict:
+    """The statistics as one JSON-able object (`python -m sim.validate --json`)."""
+    return {
+        "points": int(len(v.points)),
+        "threshold_pct": v.threshold,
+        "above_threshold": int(len(v.flagged)),
+        "mape": {row.group: round(row.mape, 3) for row in v.by_regime.itertuples()},
+        "max_error": {row.group: round(row.max_error, 3) for row in v.by_regime.itertuples()},
+        "points_by_regime": {row.group: int(row.points) for row in v.by_regime.itertuples()},
+        # the measurement's own scatter between rounds (NaN -> null for groups without rounds)
+        "noise_floor": {row.group: _finite(row.noise_floor) for row in v.by_regime.itertuples()},
+        "measurement_noise": [{k: (round(x, 3) if isinstance(x, float) else
+                                   [round(m, 3) for m in x] if isinstance(x, list) else x) for k, x in row.items()}
+                              for row in v.noise],
+        "by_origin_regime": {row.group: {"points": int(row.points), "mape": round(row.mape, 3),
+                                         "max_error": round(row.max_error, 3)}
+                             for row in v.by_origin_regime.itertuples()},
+        "by_source": {row.group: {"points": int(row.points), "mape": round(row.mape, 3),
+                                  "max_error": round(row.max_error, 3)} for row in v.by_source.itertuples()},
+        "targets": [{k: (None if isinstance(x, float) and not np.isfinite(x) else x) for k, x in t.items()}
+                    for t in v.targets],
+        "measured_folders": [str(s.path) for s in v.sources],
+        "report": str(out_path),
+    }
 
 
 def write_points(points: pd.DataFrame, path: Path) -> None:

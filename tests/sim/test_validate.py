@@ -289,7 +289,7 @@ def test_context_slopes_split_throughput_rows_into_fixed_and_per_context_parts(r
     """The line through Table 1's Full rows: published from the CSV's own numbers, predicted from the
     engine's, and the weight floor = one fp32 MPT-7B step's weight bytes at the A100's 2,039 GB/s."""
     from sim.validation.points import reference_points
-    from sim.validation.report import context_slopes
+    from sim.validation.analysis import context_slopes
     refs = load_references([REFERENCES_DIR / "keyformer_mlsys24.csv"])
     table1 = refs[(refs["metric"] == "tokens_per_s") & (refs["batch"] == 1)]
     points, _ = reference_points(table1)
@@ -340,3 +340,14 @@ def test_timing_manifest_of_another_kind_is_a_one_line_error(fixture_set, capsys
     (folder / "manifest.json").write_text("{broken")
     rc, _, err = run_cli(["--measured", tmp / "measured", "--no-references", "--out", tmp / "r"], capsys)
     assert rc == 2 and "manifest.json: unreadable" in err and err.count("\n") == 1
+
+
+def test_report_only_formats_what_the_validation_computed():
+    """sim.validation.report imports no predictor: every number it shows comes from analysis.analyse."""
+    import ast
+    import sim.validation.report as report
+    tree = ast.parse(Path(report.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    project = {m for m in imported if m.split(".")[0] in ("sim", "hwmodels", "traces")}
+    assert project == {"sim.cli", "sim.validation.analysis", "sim.validation.points"}, project

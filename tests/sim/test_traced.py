@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("traces")
 from sim import engine, runner, sweep, traced  # noqa: E402
-from tests.sim.test_sweep_scale_tradeoff import FIXTURE_RATIOS, write_fixture_trace  # noqa: E402
+from tests.sim.test_tradeoff import FIXTURE_RATIOS, write_fixture_trace  # noqa: E402
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from sim import runner, sweep
 from sim.cli import run
 from tests.helpers import assert_one_line_error
 from tests.sim.conftest import real_device_names
-from tests.sim.test_sweep_scale_tradeoff import write_fixture_trace
+from tests.sim.test_tradeoff import write_fixture_trace
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not {"h100-sxm", "l4"} <= set(real_device_names()),

@@ -1,0 +1,170 @@
+"""`python -m sim.serve`'s command line (sim/serve.py runs it): flags -> ServeConfig -> one run -> a text
+report or one JSON object, with optional timeline and per-request CSVs."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from sim import cli, kvlen
+from sim.des.arrivals import ARRIVAL_KINDS
+from sim.des.metrics import STAT_KEYS, ServeResult
+from sim.des.scheduler import ADMISSION_MODES
+from sim.des.serving import ServeConfig, run_config
+
+DESCRIPTION = "Discrete-event simulation of one accelerator serving a request stream (vLLM-like continuous batching)."
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = cli.ArgumentParser(prog="python -m sim.serve", description=DESCRIPTION,
+                           formatter_class=cli.DefaultsHelpFormatter)
+    p.add_argument("--hw", required=True, help="device name (hwmodels list) or YAML path")
+    p.add_argument("--model", required=True, help="model name (sim/models) or HF config.json path")
+    p.add_argument("--policy", default="full", choices=kvlen.POLICIES)
+    p.add_argument("--cache-ratio", type=float, default=1.0, help="KV budget k = ratio x prompt (evicting policies)")
+    p.add_argument("--recent-ratio", type=float, default=0.3, help="recent window share of the budget")
+    p.add_argument("--qps", type=float, default=math.inf, help="request rate (requests/s); inf = all at t=0")
+    p.add_argument("--requests", type=int, default=None, help="number of requests (default: 100, or the whole file)")
+    p.add_argument("--prompt", type=int, default=None, help="prompt tokens per request")
+    p.add_argument("--gen", type=int, default=None, help="output tokens per request")
+    p.add_argument("--arrivals", default="poisson", help="poisson | gamma | CSV/JSONL file (arrival_s, "
+                   "prompt_tokens, output_tokens per row)")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation of the gaps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-dtype", default="bf16", help="KV-cache dtype (fp32 bf16 fp16 fp8 int8 int4)")
+    p.add_argument("--weight-dtype", default="bf16", help="weight dtype (fp32 bf16 fp16 fp8 int8 int4)")
+    p.add_argument("--profile", default="fused", help="operator profile (sim.profiles)")
+    p.add_argument("--max-batch", type=int, default=None, help="max requests in flight (default: memory decides)")
+    p.add_argument("--chunked-prefill", type=int, default=None, metavar="TOKENS",
+                   help="chunked prefill with this token budget per step (decodes count one each)")
+    p.add_argument("--max-step-tokens", type=int, default=None,
+                   help="without chunking: prefill tokens per step (default max(2048, longest request))")
+    p.add_argument("--admission", default="paged", choices=ADMISSION_MODES,
+                   help="paged: on-demand KV blocks, recompute preemption; reserve: reserve each request's peak")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--memory-utilization", type=float, default=1.0, help="fraction of device memory usable")
+    p.add_argument("--trace", default=None, metavar="DIR", help="captured trace folder: per-request KV lengths")
+    p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
+                   help="per layer, average the KV heads or take the fullest one")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeline", default=None, metavar="CSV",
+                   help="write the per-step timeline (memory over time); its folder must exist")
+    p.add_argument("--per-request", default=None, metavar="CSV", help="write one row per request")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _write_csv(frame, path: str) -> None:
+    cli.atomic_writer(Path(path), lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def _durations(stats: dict) -> list[str]:
+    return [cli.duration(stats[k]) for k in STAT_KEYS]
+
+
+# Output tokens the DES simulates per second of host time, roughly (benchmarks/serve_bench.py: 10,000
+# requests x 512 tokens in 4-18 s on the development VM): for the up-front estimate of a long run.
+DES_TOKENS_PER_S = 3e5
+ESTIMATE_WARN_S = 60.0
+
+
+def run_estimate(requests, gen) -> str | None:
+    """A warning line when simulating `requests` x `gen` output tokens would take over a minute here."""
+    if not requests or not gen:
+        return None
+    seconds = float(requests) * float(gen) / DES_TOKENS_PER_S
+    if seconds < ESTIMATE_WARN_S:
+        return None
+    return (f"{requests:,} requests x {gen:,} output tokens: roughly {cli.duration(seconds)} to simulate "
+            f"(the DES runs about {DES_TOKENS_PER_S:,.0f} output tokens/s here) and memory for every request; "
+            "fewer --requests give the same steady-state statistics")
+
+
+def format_report(res: ServeResult) -> str:
+    c = res.config
+    gb = 1e9
+    lines = [
+        f"simulated serving: {c['model']} on {c['hw']}, policy {c['policy']} (cache ratio {c['cache_ratio']:g}), "
+        f"{c['admission']} admission, KV from {c['kv_source']}",
+        f"workload: {c['requests']} requests, {c['workload']}, qps {c['qps']:g}",
+        "",
+        f"{'completed / dropped':32s}{res.completed} / {res.dropped}",
+        f"{'preemptions':32s}{res.preemptions}",
+        f"{'duration (s)':32s}{res.makespan_s:.3f}",
+        f"{'request throughput (req/s)':32s}{res.requests_per_s:.3f}",
+        f"{'output token throughput (tok/s)':32s}{res.tokens_per_s:.1f}",
+        f"{'total token throughput (tok/s)':32s}{res.total_tokens_per_s:.1f}",
+        f"{'mean batch (max)':32s}{res.mean_batch:.1f} ({res.max_batch_seen})",
+        f"{'mean in flight (max)':32s}{res.mean_in_flight:.1f} ({res.max_in_flight})",
+        f"{'busy fraction':32s}{res.busy_fraction:.3f} (prefill {res.busy_s['prefill']:.2f} s, decode "
+        f"{res.busy_s['decode']:.2f} s, mixed {res.busy_s['mixed']:.2f} s)",
+        f"{'KV peak / mean / capacity (GB)':32s}{res.peak_kv_bytes / gb:.2f} / {res.mean_kv_bytes / gb:.2f} / "
+        f"{res.kv_capacity_bytes / gb:.2f}",
+        f"{'peak memory (GB)':32s}{res.peak_memory_bytes / gb:.2f} of {c['device_memory_bytes'] / gb:.2f}",
+        "",
+        f"{'latency':14s}{'mean':>12s}{'p50':>12s}{'p90':>12s}{'p99':>12s}",
+    ]
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_s", "queueing")):
+        lines.append(f"{label:14s}" + "".join(f"{v:>12s}" for v in _durations(getattr(res, key))))
+    if res.dropped:
+        lines.append("")
+        lines.extend(f"dropped {n}: {reason}" for reason, n in res.to_dict()["drop_reasons"].items())
+    lines.append(f"\n(simulated in {res.wall_s:.2f} s, {res.steps} steps)")
+    return "\n".join(lines)
+
+
+def _main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.arrivals in ARRIVAL_KINDS and args.requests is None:
+        args.requests = 100
+    for flag, path in (("--timeline", args.timeline), ("--per-request", args.per_request)):
+        if path:
+            cli.output_file(flag, path)
+    if args.prompt is not None and args.gen is not None and args.prompt > 0 and args.gen > 0:
+        from sim.models import load_model
+        note = cli.check_context(load_model(args.model), args.prompt + args.gen, "--prompt + --gen")
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+    estimate = run_estimate(args.requests, args.gen)
+    if estimate:
+        print(f"warning: {estimate}", file=sys.stderr)
+    cfg = ServeConfig(
+        hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
+        recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,
+        gen=args.gen, arrivals=args.arrivals, cv=args.cv, seed=args.seed, kv_dtype=args.kv_dtype,
+        weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
+        chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
+        admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
+        trace=args.trace, trace_heads=args.trace_heads)
+    res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
+    if args.timeline:
+        _write_csv(res.timeline, args.timeline)
+    if args.per_request:
+        _write_csv(res.requests, args.per_request)
+    print(json.dumps(_jsonable(res.to_dict())) if args.json else format_report(res))
+    return 0
+
+
+def main(argv=None) -> int:
+    """`python -m sim.serve`: user mistakes print one `error: ...` line and return 2."""
+    return cli.run(_main, argv)
+
+
+def _jsonable(value):
+    """Strict JSON: numpy scalars to Python, NaN (no completed request) to null, inf (qps) to "inf"."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, float) and math.isinf(value):
+        return str(value)
+    return value

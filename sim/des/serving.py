@@ -1,0 +1,159 @@
+"""One simulated serving run: `ServeConfig` (what to simulate) -> `run_config` -> `ServeResult`; the
+Python entries `simulate(...)` and `simulate_row(mapping)` (sweeps). `python -m sim.serve` wraps them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from hwmodels.dtypes import canonical_dtype
+from sim import engine, kvlen
+from sim.des.analytic import AnalyticTimer, PolicyKV, TraceKV, load_trace, memory_budget
+from sim.des.arrivals import ARRIVAL_KINDS, make_workload
+from sim.des.metrics import ServeResult, build_result
+from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, SchedulerConfig
+from sim.des.server import ServingSimulation
+
+# Without chunked prefill, a prefill step takes at most this many tokens (vLLM v0's default
+# max_num_batched_tokens is max(max_model_len, 2048); we use the longest request in place of max_model_len).
+MIN_STEP_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """One simulated serving run. `hw` and `model` are names/paths (or loaded Device/ModelSpec objects)."""
+
+    hw: Any
+    model: Any
+    policy: str = "full"
+    cache_ratio: float = 1.0
+    recent_ratio: float = 0.3
+    qps: float = math.inf
+    requests: int | None = 100
+    prompt: int | None = None
+    gen: int | None = None
+    arrivals: str = "poisson"              # poisson | gamma | path of a CSV/JSONL replay file
+    cv: float = 1.0                        # gamma arrivals: coefficient of variation of the gaps
+    seed: int = 0
+    kv_dtype: str = "bf16"
+    weight_dtype: str = "bf16"
+    profile: str = "fused"
+    max_batch: int | None = None           # requests in flight (vLLM max_num_seqs); None = memory decides
+    chunked_prefill: int | None = None     # token budget per step; None = whole-prompt prefill steps
+    max_step_tokens: int | None = None     # without chunking: prefill tokens per step (default below)
+    admission: str = "paged"               # paged (on-demand blocks + recompute preemption) | reserve
+    block_size: int = 16                   # tokens per KV block
+    memory_utilization: float = 1.0       # fraction of device memory usable (vLLM --gpu-memory-utilization)
+    watermark: float = DEFAULT_WATERMARK
+    trace: Any = None                      # trace folder (or a loaded traces.Trace): per-request KV lengths
+    trace_heads: str = "mean"              # mean | max (a kernel padded to the fullest head)
+
+    def __post_init__(self):
+        kvlen.check_policy(self.policy)
+        for name in ("kv_dtype", "weight_dtype"):
+            object.__setattr__(self, name, canonical_dtype(getattr(self, name)))
+        if not (0 < self.cache_ratio <= 1):
+            raise ValueError(f"--cache-ratio must be in (0, 1], got {self.cache_ratio}")
+        if not (0 <= self.recent_ratio <= 1):
+            raise ValueError(f"--recent-ratio must be in [0, 1], got {self.recent_ratio}")
+        if not (self.qps > 0):
+            raise ValueError(f"--qps must be > 0 (or inf), got {self.qps}")
+        if self.block_size < 1:
+            raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
+        if not (0 < self.memory_utilization <= 1):
+            raise ValueError(f"--memory-utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(f"--admission must be one of {', '.join(ADMISSION_MODES)}, got {self.admission!r}")
+        if self.trace_heads not in ("mean", "max"):
+            raise ValueError(f"--trace-heads must be mean or max, got {self.trace_heads!r}")
+        if self.arrivals in ARRIVAL_KINDS and (self.prompt is None or self.gen is None or self.requests is None):
+            raise ValueError(f"--arrivals {self.arrivals} needs --requests, --prompt and --gen")
+
+    def to_dict(self) -> dict:
+        """Plain values; a loaded Device/ModelSpec is recorded by its name."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("hw", "model"):
+            if not isinstance(out[key], str):
+                out[key] = getattr(out[key], "name", str(out[key]))
+        if out["trace"] is not None and not isinstance(out["trace"], str):
+            out["trace"] = str(getattr(out["trace"], "path", out["trace"]))
+        return out
+
+
+CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
+
+
+def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
+    """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure."""
+    setup = engine.make_setup(cfg.hw, cfg.model, cfg.policy, cfg.weight_dtype, cfg.kv_dtype, cfg.profile)
+    workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed)
+    if cfg.trace is not None:
+        kv = TraceKV(load_trace(cfg.trace), cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads,
+                     model=setup.model)
+    else:
+        kv = PolicyKV(cfg.policy, cfg.cache_ratio, setup.model)
+
+    longest = int((workload.prompt_tokens + workload.output_tokens - 1).max())  # the longest (re)prefill
+    step_tokens = cfg.chunked_prefill or cfg.max_step_tokens or max(MIN_STEP_TOKENS, longest)
+    # Workspace for the largest step: the token budget, or without chunking at least the longest
+    # prefill (it runs alone even when it exceeds max_step_tokens).
+    workspace_tokens = step_tokens if cfg.chunked_prefill else max(step_tokens, longest)
+    budget = memory_budget(setup.hw, setup.model, policy=cfg.policy, kv_dtype=cfg.kv_dtype,
+                           weight_dtype=cfg.weight_dtype, profile=cfg.profile, step_tokens=workspace_tokens,
+                           memory_utilization=cfg.memory_utilization)
+    block_bytes = cfg.block_size * budget.kv_bytes_per_token
+    capacity_blocks = int(budget.kv_capacity_bytes // block_bytes)
+    if capacity_blocks < 1:
+        raise ValueError(
+            f"{setup.model.name} does not fit on {setup.hw.name}: weights {budget.weight_bytes / 1e9:.1f} GB + "
+            f"workspace {budget.workspace_bytes / 1e9:.1f} GB leave no KV memory of "
+            f"{budget.usable_bytes / 1e9:.1f} GB usable")
+    sched = Scheduler(workload, kv, SchedulerConfig(
+        block_tokens=cfg.block_size, capacity_blocks=capacity_blocks, block_bytes=block_bytes,
+        max_batch=cfg.max_batch, chunked_prefill=cfg.chunked_prefill,
+        max_step_tokens=None if cfg.chunked_prefill else step_tokens,
+        admission=cfg.admission, watermark=cfg.watermark))
+    timer = AnalyticTimer(setup.hw, setup.model, policy=cfg.policy, cache_ratio=cfg.cache_ratio,
+                          recent_ratio=cfg.recent_ratio, weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype,
+                          profile=cfg.profile)
+    sim = ServingSimulation(sched, timer, progress=progress,
+                            progress_desc=f"serve {setup.model.name} {cfg.policy} on {setup.hw.name}")
+    timeline, wall = sim.run()
+    config = {**cfg.to_dict(), "workload": workload.source, "requests": len(workload),
+              "kv_source": "trace" if cfg.trace else "formula", "step_tokens": step_tokens,
+              "kv_bytes_per_token": budget.kv_bytes_per_token, "block_bytes": block_bytes,
+              "kv_capacity_blocks": capacity_blocks, "workspace_bytes": budget.workspace_bytes,
+              "device_memory_bytes": budget.device_bytes}
+    if isinstance(kv, TraceKV):
+        config["trace_samples"] = kv.n_samples
+    return build_result(sched, timeline, config=config, weight_bytes=budget.weight_bytes,
+                        workspace_bytes=budget.workspace_bytes, wall_s=wall)
+
+
+def simulate(hw, model, policy: str = "full", cache_ratio: float = 1.0, *, progress: bool = False,
+             **options) -> ServeResult:
+    """Simulate one design point under load. Keyword options are the ServeConfig fields, e.g.
+    `simulate("a100-80g-sxm", "mpt-7b", "keyformer", 0.5, qps=2, requests=100, prompt=4096, gen=4096)`."""
+    unknown = sorted(set(options) - set(CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown serve option(s) {', '.join(unknown)}; expected {', '.join(CONFIG_FIELDS)}")
+    return run_config(ServeConfig(hw=hw, model=model, policy=policy, cache_ratio=cache_ratio, **options),
+                      progress=progress)
+
+
+def simulate_row(point: Mapping[str, Any]) -> dict:
+    """One sweep design point (a mapping with ServeConfig field names; other keys are ignored, and
+    `batch` is taken as max_batch when max_batch is absent) -> flat result row (ServeResult.to_row)."""
+    options = {k: point[k] for k in CONFIG_FIELDS if k in point and not _missing(point[k])}
+    if "max_batch" not in options and not _missing(point.get("batch")):
+        options["max_batch"] = int(point["batch"])
+    for key in ("requests", "prompt", "gen", "max_batch", "chunked_prefill", "max_step_tokens", "seed", "block_size"):
+        if key in options:
+            options[key] = int(options[key])
+    hw, model = options.pop("hw"), options.pop("model")
+    return simulate(hw, model, **options).to_row()
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+

@@ -1,0 +1,111 @@
+"""`python -m sim.validate`'s command line (sim/validate.py runs it): flags, where the report goes, and the
+steps: load the inputs, collect the points, analyse them, write the report, plot and points."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sim.validation.analysis import REPO_ROOT, analyse
+from sim.validation.measured import find_timing_folders, load_timing
+from sim.validation.parity_plot import parity_plot
+from sim.validation.points import collect
+from sim.validation.published_report import build_section as published_gpu_section
+from sim.validation.references import load_references
+from sim.validation.report import PLOT_NAME, POINTS_NAME, build_markdown, summary_json, write_points, write_report
+
+DEFAULT_OUT = REPO_ROOT / "docs"
+DEFAULT_THRESHOLD = 10.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line and exit code 2, as every kvsim CLI
+        raise ValueError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m sim.validate",
+                description="Validate kvsim's predictions against published results and measured runs.")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for validation-report.md, validation-parity.png and validation-points.csv "
+                        "(default: results/validate-<UTC timestamp>/; an existing folder's report is replaced)")
+    p.add_argument("--update-docs", action="store_true",
+                   help="write into the repository's docs/ (the committed report and plot) instead of --out")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the statistics to stdout")
+    p.add_argument("--measured", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="timing folders, or folders to search for them (default: everything under traces/data/)")
+    p.add_argument("--no-measured", action="store_true", help="published references only")
+    p.add_argument("--references", nargs="+", type=Path, default=None, metavar="CSV",
+                   help="reference files (default: sim/references/*.csv)")
+    p.add_argument("--no-references", action="store_true", help="measured points only")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help="flag points whose |error| exceeds this many percent (default 10)")
+    p.add_argument("--published-gpu", type=Path, default=None, metavar="CSV",
+                   help="published GPU measurements for the engine-profile section (default: "
+                        "../shared/data/gpu-published-train.csv, or $KVSIM_DATA; skipped when absent)")
+    p.add_argument("--no-published-gpu", action="store_true", help="no published-GPU (engine profile) section")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def output_folder(out, update_docs: bool) -> Path:
+    """Where the report goes: --out, docs/ with --update-docs, else a fresh results/validate-<timestamp>/."""
+    if update_docs and out is not None:
+        raise ValueError("--update-docs writes to docs/; give either it or --out, not both")
+    if update_docs:
+        return DEFAULT_OUT
+    if out is None:
+        return Path("results") / f"validate-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file; --out names a folder (the report, plot and points go in it)")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+    return out
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if not args.threshold > 0:
+            raise ValueError(f"--threshold must be a positive percentage, got {args.threshold}")
+        args.out = output_folder(args.out, args.update_docs)
+        refs = load_references(args.references)
+        if args.no_references:
+            refs = refs.iloc[0:0]
+        folders = [] if args.no_measured else find_timing_folders(args.measured)
+        sources = [load_timing(f) for f in folders]
+        if not len(refs) and not sources:
+            raise ValueError("nothing to validate: no reference rows and no timing folders")
+        points, compare = collect(refs, sources, show_progress=not args.quiet and not args.json)
+        validation = analyse(points, compare, sources, refs, args.threshold)
+        markdown = build_markdown(validation, PLOT_NAME)
+        if args.published_gpu is not None and not args.published_gpu.is_file():
+            raise FileNotFoundError(f"--published-gpu {args.published_gpu}: no such file")
+        gpu = None if args.no_published_gpu else published_gpu_section(csv=args.published_gpu)
+        if gpu is not None:
+            markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(gpu.markdown)
+        args.out.mkdir(parents=True, exist_ok=True)
+        parity_plot(points, args.out / PLOT_NAME, args.threshold)
+        write_points(points, args.out / POINTS_NAME)
+        path = write_report(markdown, args.out)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        summary = summary_json(validation, path)
+        summary["published_gpu"] = gpu.summary if gpu is not None else None
+        print(json.dumps(summary))
+    else:
+        overall = validation.by_regime.iloc[-1]
+        flagged = len(validation.flagged)
+        print(f"{len(points)} points, MAPE {overall.mape:.1f}%, max |error| {overall.max_error:.1f}%, "
+              f"{flagged} above {args.threshold:g}%: {path}")
+        overall_gpu = (gpu.summary.get("regimes") or {}).get("overall") if gpu is not None else None
+        if overall_gpu:
+            print(f"published GPU: {overall_gpu['points']} rows, trtllm in-sample MAPE {overall_gpu['in_sample_mape']:.1f}%, "
+                  f"LOSO MAPE {overall_gpu['loso_mape']:.1f}%")
+    return 0
+

@@ -1,0 +1,77 @@
+"""The validation's parity plot: predicted vs measured on log axes, one marker per source."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.cli import atomic_writer
+from sim.validation.points import is_flagged
+
+PANELS = (("time (s)", ("step_latency_s", "prefill_s")), ("throughput (tokens/s)", ("tokens_per_s",)),
+          ("capacity (requests)", ("max_batch",)),
+          ("ratios and shares", ("speedup", "kv_movement_ratio", "kv_time_share", "latency_ratio")))
+MARKERS = "o^sDvP*XhpH<>d8"
+
+
+def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
+    """Predicted vs measured on log axes, one marker per source, y = x and the +-threshold band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    panels = [(title, points[points["metric"].isin(metrics)]) for title, metrics in PANELS]
+    panels = [(t, df) for t, df in panels if len(df)]
+    if not panels:
+        panels = [("no points", points)]
+    sources = list(dict.fromkeys(points["source"]))
+    marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(sources)}
+    colors = plt.get_cmap("tab10")
+    color = {s: colors(i % 10) for i, s in enumerate(sources)}
+    ncols = min(2, len(panels))
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 4.8 * nrows + 1.0), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, df) in zip(axes.flat, panels):
+        for source, group in df.groupby("source", sort=False):
+            flagged = is_flagged(group, threshold)
+            ax.scatter(group["measured"], group["predicted"], marker=marker[source], s=28, alpha=0.8,
+                       color=color[source], label=source, edgecolors="none")
+            if flagged.any():   # ring the points above the threshold so they stand out
+                ax.scatter(group["measured"][flagged], group["predicted"][flagged], marker="o", s=90,
+                           facecolors="none", edgecolors="red", linewidths=0.9)
+        values = np.concatenate([df["measured"].to_numpy(float), df["predicted"].to_numpy(float)])
+        values = values[np.isfinite(values) & (values > 0)]
+        lo, hi = (values.min() / 1.5, values.max() * 1.5) if len(values) else (0.1, 10)
+        line = np.geomspace(lo, hi, 50)
+        ax.plot(line, line, color="black", lw=0.8)
+        ax.fill_between(line, line * (1 - threshold / 100), line * (1 + threshold / 100), color="grey", alpha=0.15,
+                        label=f"+-{threshold:g}%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):   # plain numbers at 1-2-5 steps: readable on short log ranges
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured / published")
+        ax.set_ylabel("predicted")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.2)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.suptitle("kvsim validation: predicted vs measured (red ring: error above threshold)", fontsize=10)
+    legend_rows = (len(labels) + 1) // 2
+    fig.tight_layout(rect=(0, min(0.4, 0.022 * legend_rows * 2 / nrows + 0.02), 1, 0.97))
+    atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None}))
+    plt.close(fig)
+
