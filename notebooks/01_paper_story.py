@@ -44,6 +44,7 @@ import matplotlib.pyplot as plt
 
 import sim
 from hwmodels import load_device
+from kvcommon.styles import style   # the one style per policy, every figure
 from sim import engine
 from sim.models import load_model
 from sim.tradeoff import save_figure
@@ -156,13 +157,12 @@ fig9 = pd.DataFrame(rows)
 paper_speedup = REFERENCES[REFERENCES["metric"] == "speedup"].query("batch == 1")
 fig, axes = plt.subplots(1, len(sizes), figsize=(12, 3.6), sharey=True)
 styles = {"fused": "-", "hf-eager": "--"}
-colors = {"h2o": "tab:blue", "keyformer": "tab:red"}
 for ax, n in zip(axes, sizes):
     for (profile, policy), group in fig9[fig9["n"] == n].groupby(["profile", "policy"]):
-        ax.plot(group["cache_ratio"], group["speedup"], styles[profile], color=colors[policy],
+        ax.plot(group["cache_ratio"], group["speedup"], styles[profile], color=style(policy).color,
                 label=f"{policy} ({profile})")
     for _, ref in paper_speedup[paper_speedup["prompt"] == n].iterrows():
-        ax.plot(ref["cache_ratio"], ref["value"], "*", ms=12, color=colors[ref["policy"]], mec="k")
+        ax.plot(ref["cache_ratio"], ref["value"], "*", ms=12, color=style(ref["policy"]).color, mec="k")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(title=f"{n}+{n} tokens", xlabel="cache ratio (kept / prompt)")
     ax.grid(alpha=0.3)

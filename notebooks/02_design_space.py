@@ -38,14 +38,12 @@ import matplotlib.pyplot as plt
 
 import sim
 from hwmodels import load_device
+from kvcommon.styles import POLICY_STYLES   # the one style per policy, every figure
 from sim import engine, sweep
 from sim.tradeoff import save_figure
 
 REPO = Path(sim.__file__).resolve().parents[1]
 FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
-# (colour, line style): window/streaming and h2o/keyformer often overlap, the styles keep both visible
-POLICY_STYLES = {"full": ("black", "-"), "window": ("tab:gray", "--"), "streaming": ("tab:green", "-."),
-                 "h2o": ("tab:blue", ":"), "keyformer": ("tab:red", "-")}
 
 
 def find_sweep_table() -> Path | None:
@@ -93,15 +91,16 @@ prompt, gen = int(view["prompt"].iloc[0]), int(view["gen"].iloc[0])
 fig, axes = plt.subplots(2, len(devices), figsize=(2.9 * len(devices), 5.6), squeeze=False)
 for col, device in enumerate(devices):
     d = view[view["hw"] == device]
-    for policy, (color, style) in POLICY_STYLES.items():
+    for policy, st in POLICY_STYLES.items():
         p = d[d["policy"] == policy].sort_values("cache_ratio")
         if p.empty:
             continue
         b1 = p[p["batch"] == smallest_batch].groupby("cache_ratio", as_index=False).first()
         best = p.groupby("cache_ratio", as_index=False)["max_batch_tokens_per_s"].max()
-        axes[0, col].plot(b1["cache_ratio"], 1e3 * b1["tpot_s"], style, color=color, lw=1.4, label=policy)
-        axes[1, col].plot(best["cache_ratio"], best["max_batch_tokens_per_s"], style, color=color, lw=1.4,
-                          label=policy)
+        axes[0, col].plot(b1["cache_ratio"], 1e3 * b1["tpot_s"], color=st.color, ls=st.linestyle, lw=1.4,
+                          label=st.label)
+        axes[1, col].plot(best["cache_ratio"], best["max_batch_tokens_per_s"], color=st.color, ls=st.linestyle,
+                          lw=1.4, label=st.label)
     axes[0, col].set_title(device, fontsize=9)
     axes[1, col].set_xlabel("cache ratio")
     for ax in axes[:, col]:

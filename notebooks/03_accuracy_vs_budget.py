@@ -43,13 +43,12 @@ import matplotlib.pyplot as plt
 
 import sim
 import traces
+from kvcommon.styles import POLICY_STYLES   # the one style per policy, every figure
 from sim import sweep, traced, tradeoff
 from sim.tradeoff import save_figure
 
 REPO = Path(sim.__file__).resolve().parents[1]
 FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
-POLICY_STYLES = {"full": ("black", "-"), "window": ("tab:gray", "--"), "streaming": ("tab:green", "-."),
-                 "h2o": ("tab:blue", "-"), "keyformer": ("tab:red", "-")}
 
 if os.environ.get("KVSIM_TRACE_DIRS"):
     trace_dirs = [Path(p) for p in os.environ["KVSIM_TRACE_DIRS"].split(os.pathsep) if p]
@@ -86,14 +85,14 @@ reach_rows = []
 for ax, name in zip(axes[0], sweeps):
     q, metric = quality[quality["trace"] == name], metrics[name]
     full_value = q.loc[q["policy"] == "full", metric]
-    for policy, (color, style) in POLICY_STYLES.items():
+    for policy, st in POLICY_STYLES.items():
         p = q[q["policy"] == policy].sort_values("cache_ratio")
         if p.empty or policy == "full":
             continue
         yerr = ([(p[metric] - p[f"{metric}_lo"]).clip(lower=0), (p[f"{metric}_hi"] - p[metric]).clip(lower=0)]
                 if f"{metric}_lo" in p and p[f"{metric}_lo"].notna().any() else None)  # 95% bootstrap intervals
-        ax.errorbar(100 * p["cache_ratio"], p[metric], yerr=yerr, fmt=style, marker="o", ms=3, color=color,
-                    capsize=2, label=policy)
+        ax.errorbar(100 * p["cache_ratio"], p[metric], yerr=yerr, ls=st.linestyle, marker=st.marker, ms=3,
+                    color=st.color, capsize=2, label=st.label)
         if len(full_value):
             ok = p[p[metric] >= 0.99 * full_value.iloc[0]]
             reach_rows.append({"trace": name, "metric": metric, "policy": policy,
@@ -129,14 +128,14 @@ quality[quality["trace"].isin(ablations)][["trace", "policy", "cache_ratio", "ma
 fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 3.6), squeeze=False)
 for ax, name in zip(axes[0], sweeps):
     q = quality[quality["trace"] == name]
-    for policy, (color, style) in POLICY_STYLES.items():
+    for policy, st in POLICY_STYLES.items():
         p = q[q["policy"] == policy].sort_values("cache_ratio")
         if not p.empty:
             yerr = ([(p["mass_retained"] - p["mass_retained_lo"]).clip(lower=0),
                      (p["mass_retained_hi"] - p["mass_retained"]).clip(lower=0)]
                     if "mass_retained_lo" in p and p["mass_retained_lo"].notna().any() else None)
-            ax.errorbar(100 * p["cache_ratio"], p["mass_retained"], yerr=yerr, fmt=style, marker="o", ms=3,
-                        color=color, capsize=2, label=policy)
+            ax.errorbar(100 * p["cache_ratio"], p["mass_retained"], yerr=yerr, ls=st.linestyle, marker=st.marker,
+                        ms=3, color=st.color, capsize=2, label=st.label)
     ax.set(title=f"{name} ({q['trace_model'].iloc[0]})", xlabel="KV cache (% of prompt)",
            ylabel="attention mass retained", ylim=(None, 1.01))
     ax.title.set_fontsize(9)

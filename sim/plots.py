@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvcommon.styles import POLICY_STYLES
 from sim.cli import atomic_writer
 
 ENABLED = True
@@ -20,10 +21,7 @@ ENABLED = True
 # Drawing is most of a warm sweep's time (matplotlib: seconds per figure), so an unchanged figure is copied.
 CACHE_DIR: Path | None = None
 # Policies often coincide (window and streaming move the same bytes; h2o and keyformer differ by the
-# noise FLOPs): distinct dash patterns and markers keep overlapping lines visible.
-POLICY_STYLE = {"full": ("black", "-"), "window": ("tab:gray", (0, (6, 3))), "streaming": ("tab:green", (0, (1, 2))),
-                "h2o": ("tab:blue", (0, (4, 2))), "keyformer": ("tab:red", "-")}
-MARKERS = {"full": ".", "window": "s", "streaming": "^", "h2o": "o", "keyformer": "x"}
+# noise FLOPs): the one style table (kvcommon.styles) gives each a dash pattern and a marker.
 
 
 def figure_key(name: str, *frames: pd.DataFrame, **extra) -> str | None:
@@ -135,13 +133,13 @@ def _policy_lines_per_device(plt, table: pd.DataFrame, t: pd.DataFrame, rows, x:
     for ax, dev in zip(axes, devices):
         d = rows(t, dev)
         _mark_empty(ax, y(d))
-        for policy, (color, style) in POLICY_STYLE.items():
+        for policy, st in POLICY_STYLES.items():
             p = d[d["policy"] == policy]
             if one_point_per_x:
                 p = p.drop_duplicates(x)
             p = p.sort_values(x)
             if len(p):
-                ax.plot(p[x], y(p), color=color, ls=style, marker=MARKERS[policy], ms=4, mfc="none", label=policy)
+                ax.plot(p[x], y(p), **st.line(), ms=4, mfc="none", label=st.label)
         if log2_x:
             ax.set_xscale("log", base=2)
         ax.set_title(dev, fontsize=9)

@@ -5,25 +5,17 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import numpy as np
 import pandas as pd
 
-from hwmodels.dtypes import DTYPES, canonical_dtype
-from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, positive_int, run
+from kvcommon import DesignPoint
+from kvcommon.fields import add_flags, from_args
+from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, run
 from sim.engine import Prediction, predict
 from sim.kvlen import POLICIES
-
-
-def ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    return value
 
 
 def profile_names() -> list[str]:
@@ -36,35 +28,25 @@ def profile_names() -> list[str]:
     return sorted(profiles.PROFILES)
 
 
+# The design-point flags come from kvcommon.DesignPoint's fields (one default, one check per parameter).
+DESIGN_FLAGS = ("hw", "model", "batch", "prompt", "gen", "policy", "cache_ratio", "recent_ratio", "kv_dtype",
+                "weight_dtype", "profile", "beams")
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m sim.predict", description=__doc__.split("\n")[0],
                        formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--hw", required=True, help="device name (python -m hwmodels list) or hardware YAML file")
-    p.add_argument("--model", required=True, help="shipped model name or HF config.json / model folder")
-    p.add_argument("--batch", type=positive_int, default=1, help="requests decoded together (default 1)")
-    p.add_argument("--prompt", type=positive_int, required=True, help="prompt tokens per request")
-    p.add_argument("--gen", type=positive_int, required=True, help="generated tokens per request")
-    p.add_argument("--policy", choices=POLICIES, default="full", help="KV-cache policy")
-    p.add_argument("--cache-ratio", type=ratio, default=1.0, help="KV budget as a fraction of the prompt, (0, 1]")
-    p.add_argument("--recent-ratio", type=ratio, default=0.3, help="recent window as a fraction of the budget, [0, 1]")
-    p.add_argument("--kv-dtype", default="bf16", help=f"KV-cache dtype, one of {', '.join(DTYPES)}")
-    p.add_argument("--weight-dtype", default="bf16", help=f"weight dtype, one of {', '.join(DTYPES)}")
-    p.add_argument("--profile", default="fused",
-                   help=f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)")
-    p.add_argument("--beams", type=positive_int, default=1, help="beam width: multiplies KV and batch rows")
+    add_flags(p, DesignPoint, DESIGN_FLAGS, required=("hw", "model", "prompt", "gen"), choices={"policy": POLICIES},
+              help={"profile": f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)"})
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--breakdown", action="store_true", help="print the per-operator tables")
     return p
 
 
-def check_args(a) -> None:
-    if not 0 < a.cache_ratio <= 1:
-        raise ValueError(f"--cache-ratio must be in (0, 1], got {a.cache_ratio}")
-    if not 0 <= a.recent_ratio <= 1:
-        raise ValueError(f"--recent-ratio must be in [0, 1], got {a.recent_ratio}")
-    a.kv_dtype = canonical_dtype(a.kv_dtype)
-    a.weight_dtype = canonical_dtype(a.weight_dtype)
+def design_point(a) -> DesignPoint:
+    """The checked design point of the parsed flags; a bad value is one line naming its flag."""
+    return from_args(DesignPoint, a)
 
 
 def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int) -> np.ndarray:
@@ -140,7 +122,8 @@ def format_summary(pred: Prediction) -> str:
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    check_args(a)
+    point = design_point(a)
+    a.kv_dtype, a.weight_dtype = point.kv_dtype, point.weight_dtype
     from sim.models import load_model
     note = check_context(load_model(a.model), a.prompt + a.gen, "prompt + gen")
     if note and a.json:     # the text summary carries its own note

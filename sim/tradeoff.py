@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvcommon.styles import style
 from sim.cli import atomic_writer
 
 RATIO_DECIMALS = 4   # cache ratios are matched after rounding (float32 in traces, float64 in grids)
@@ -121,10 +122,6 @@ def pareto_front(frame: pd.DataFrame, x: str, y: str, by: list[str] | str = "dev
     return out
 
 
-POLICY_STYLES = {"full": ("black", "s"), "window": ("tab:gray", "v"), "streaming": ("tab:green", "^"),
-                 "h2o": ("tab:blue", "D"), "keyformer": ("tab:red", "o")}
-
-
 def plot_pareto(frame: pd.DataFrame, x: str, y: str, path: str | Path | None = None, by: str = "device",
                 title: str | None = None):
     """One panel per device: every policy x cache ratio as a point, the Pareto front as a line with
@@ -178,7 +175,8 @@ def _points(ax, group: pd.DataFrame, x: str, y: str, label: str) -> None:
     """Every policy x ratio as a point; the measured quality's 95% interval as a vertical bar when the
     quality table carries one (`<y>_lo`, `<y>_hi`)."""
     for policy, points in group.groupby(label):
-        color, marker = POLICY_STYLES.get(str(policy).split("(")[0], ("tab:purple", "x"))
+        st = style(policy)       # a variant, `keyformer(noise=...)`, takes its policy's colour
+        color, marker = st.color, st.marker
         variant = "(" in str(policy)
         if f"{y}_lo" in points and points[f"{y}_lo"].notna().any():
             ax.errorbar(points[x], points[y], yerr=[(points[y] - points[f"{y}_lo"]).clip(lower=0),

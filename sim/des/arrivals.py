@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvcommon import FieldError
+
 ARRIVAL_KINDS = ("poisson", "gamma")
 
 # Column names accepted in replay files (first match wins), so exports of common tools load as is.
@@ -66,14 +68,16 @@ def synthetic_workload(kind: str, qps: float, requests: int, prompt: int, gen: i
     """`requests` requests of fixed lengths arriving as a Poisson or gamma process at `qps`."""
     if kind not in ARRIVAL_KINDS:
         raise ValueError(f"unknown arrival process {kind!r}; expected one of {', '.join(ARRIVAL_KINDS)} or a file")
+    # errors name the fields (sim.des.cli words them as flags)
     if not (qps > 0):
-        raise ValueError(f"--qps must be > 0 (or inf), got {qps}")
+        raise FieldError("qps", "must be > 0 (or inf)", qps)
     if requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {requests}")
-    if prompt < 1 or gen < 1:
-        raise ValueError(f"--prompt and --gen must be >= 1, got {prompt} and {gen}")
+        raise FieldError("requests", "must be >= 1", requests)
+    for name, value in (("prompt", prompt), ("gen", gen)):
+        if value < 1:
+            raise FieldError(name, "must be >= 1", value)
     if not (cv > 0 and math.isfinite(cv)):
-        raise ValueError(f"--cv must be a positive number, got {cv}")
+        raise FieldError("cv", "must be a positive number", cv)
     rng = np.random.default_rng(seed)
     gaps = _gaps(kind, qps, requests, cv, rng)
     gaps[0] = 0.0  # vLLM sends the first request immediately, then sleeps a gap before each next one
@@ -137,7 +141,7 @@ def load_workload(path: str | Path, requests: int | None = None) -> Workload:
     order = np.argsort(arrival, kind="stable")
     if requests is not None:
         if requests < 1:
-            raise ValueError(f"--requests must be >= 1, got {requests}")
+            raise FieldError("requests", "must be >= 1", requests)
         order = order[:requests]
     return Workload(arrival[order], prompt[order].astype(np.int64), output[order].astype(np.int64), str(path))
 
@@ -147,6 +151,6 @@ def make_workload(arrivals: str, qps: float, requests: int | None, prompt: int |
     """`arrivals` is 'poisson', 'gamma' or a replay file path (which then gives the lengths)."""
     if arrivals in ARRIVAL_KINDS:
         if requests is None or prompt is None or gen is None:
-            raise ValueError(f"--arrivals {arrivals} needs --requests, --prompt and --gen")
+            raise ValueError(f"arrivals {arrivals} needs requests, prompt and gen")
         return synthetic_workload(arrivals, qps, requests, prompt, gen, cv=cv, seed=seed)
     return load_workload(arrivals, requests)

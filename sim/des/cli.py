@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcommon import DesignPoint, FieldError
+from kvcommon.fields import add_flags, flag_of
 from sim import cli, kvlen
 from sim.des.arrivals import ARRIVAL_KINDS
 from sim.des.metrics import STAT_KEYS, ServeResult
@@ -22,22 +24,18 @@ DESCRIPTION = "Discrete-event simulation of one accelerator serving a request st
 def _parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m sim.serve", description=DESCRIPTION,
                            formatter_class=cli.DefaultsHelpFormatter)
-    p.add_argument("--hw", required=True, help="device name (hwmodels list) or YAML path")
-    p.add_argument("--model", required=True, help="model name (sim/models) or HF config.json path")
-    p.add_argument("--policy", default="full", choices=kvlen.POLICIES)
-    p.add_argument("--cache-ratio", type=float, default=1.0, help="KV budget k = ratio x prompt (evicting policies)")
-    p.add_argument("--recent-ratio", type=float, default=0.3, help="recent window share of the budget")
+    # the design-point flags come from kvcommon.DesignPoint's fields (one default, one check per parameter)
+    add_flags(p, DesignPoint, ("hw", "model", "policy", "cache_ratio", "recent_ratio"), required=("hw", "model"),
+              choices={"policy": kvlen.POLICIES})
     p.add_argument("--qps", type=float, default=math.inf, help="request rate (requests/s); inf = all at t=0")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: 100, or the whole file)")
-    p.add_argument("--prompt", type=int, default=None, help="prompt tokens per request")
-    p.add_argument("--gen", type=int, default=None, help="output tokens per request")
+    add_flags(p, DesignPoint, ("prompt", "gen"), defaults={"prompt": None, "gen": None},
+              help={"gen": "output tokens per request"})
     p.add_argument("--arrivals", default="poisson", help="poisson | gamma | CSV/JSONL file (arrival_s, "
                    "prompt_tokens, output_tokens per row)")
     p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation of the gaps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-dtype", default="bf16", help="KV-cache dtype (fp32 bf16 fp16 fp8 int8 int4)")
-    p.add_argument("--weight-dtype", default="bf16", help="weight dtype (fp32 bf16 fp16 fp8 int8 int4)")
-    p.add_argument("--profile", default="fused", help="operator profile (sim.profiles)")
+    add_flags(p, DesignPoint, ("kv_dtype", "weight_dtype", "profile"))
     p.add_argument("--max-batch", type=int, default=None, help="max requests in flight (default: memory decides)")
     p.add_argument("--chunked-prefill", type=int, default=None, metavar="TOKENS",
                    help="chunked prefill with this token budget per step (decodes count one each)")
@@ -56,6 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--per-request", default=None, metavar="CSV", help="write one row per request")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def serve_config(**fields) -> ServeConfig:
+    """ServeConfig from the flags' values; a field's error is worded with its flag (`--qps must be > 0`)."""
+    try:
+        return ServeConfig(**fields)
+    except FieldError as exc:
+        raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
 
 
 def _write_csv(frame, path: str) -> None:
@@ -133,7 +139,9 @@ def _main(argv=None) -> int:
     estimate = run_estimate(args.requests, args.gen)
     if estimate:
         print(f"warning: {estimate}", file=sys.stderr)
-    cfg = ServeConfig(
+    if args.arrivals in ARRIVAL_KINDS and (args.prompt is None or args.gen is None):
+        raise cli.UserError(f"--arrivals {args.arrivals} needs --requests, --prompt and --gen")
+    cfg = serve_config(
         hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
         recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,
         gen=args.gen, arrivals=args.arrivals, cv=args.cv, seed=args.seed, kv_dtype=args.kv_dtype,
@@ -141,7 +149,10 @@ def _main(argv=None) -> int:
         chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
         admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
         trace=args.trace, trace_heads=args.trace_heads)
-    res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
+    try:
+        res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
+    except FieldError as exc:   # e.g. the workload's requests: worded with the flag that set it
+        raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
     if args.timeline:
         _write_csv(res.timeline, args.timeline)
     if args.per_request:

@@ -26,7 +26,7 @@ class BlockPool:
 
     def __post_init__(self):
         if self.block_tokens < 1:
-            raise ValueError(f"--block-size must be >= 1 token, got {self.block_tokens}")
+            raise ValueError(f"block_tokens must be >= 1 token, got {self.block_tokens}")
         if self.capacity_blocks < 1:
             raise ValueError(
                 f"no room for the KV cache: capacity is {self.capacity_blocks} blocks of {self.block_tokens} tokens "

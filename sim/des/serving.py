@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from hwmodels.dtypes import canonical_dtype
+from kvcommon.design import (CACHE_RATIO_RANGE, DEFAULT_CACHE_RATIO, DEFAULT_DTYPE, DEFAULT_POLICY, DEFAULT_PROFILE,
+                             DEFAULT_RECENT_RATIO, RECENT_RATIO_RANGE)
+from kvcommon.dtypes import DTYPES, dtype_name
+from kvcommon.fields import at_least, in_range, param, validate
 from sim import engine, kvlen
 from sim.des.analytic import AnalyticTimer, PolicyKV, TraceKV, load_trace, memory_budget
 from sim.des.arrivals import ARRIVAL_KINDS, make_workload
@@ -25,49 +28,41 @@ class ServeConfig:
 
     hw: Any
     model: Any
-    policy: str = "full"
-    cache_ratio: float = 1.0
-    recent_ratio: float = 0.3
-    qps: float = math.inf
+    policy: str = DEFAULT_POLICY
+    # the design-point parameters keep kvcommon.DesignPoint's one default and one check each
+    cache_ratio: float = param(DEFAULT_CACHE_RATIO, check=CACHE_RATIO_RANGE)
+    recent_ratio: float = param(DEFAULT_RECENT_RATIO, check=RECENT_RATIO_RANGE)
+    qps: float = param(math.inf, check=lambda v: None if v > 0 else "must be > 0 (or inf)")
     requests: int | None = 100
     prompt: int | None = None
     gen: int | None = None
     arrivals: str = "poisson"              # poisson | gamma | path of a CSV/JSONL replay file
     cv: float = 1.0                        # gamma arrivals: coefficient of variation of the gaps
     seed: int = 0
-    kv_dtype: str = "bf16"
-    weight_dtype: str = "bf16"
-    profile: str = "fused"
-    max_batch: int | None = None           # requests in flight (vLLM max_num_seqs); None = memory decides
-    chunked_prefill: int | None = None     # token budget per step; None = whole-prompt prefill steps
-    max_step_tokens: int | None = None     # without chunking: prefill tokens per step (default below)
-    admission: str = "paged"               # paged (on-demand blocks + recompute preemption) | reserve
-    block_size: int = 16                   # tokens per KV block
-    memory_utilization: float = 1.0       # fraction of device memory usable (vLLM --gpu-memory-utilization)
-    watermark: float = DEFAULT_WATERMARK
+    kv_dtype: str = param(DEFAULT_DTYPE, choices=DTYPES, convert=dtype_name)
+    weight_dtype: str = param(DEFAULT_DTYPE, choices=DTYPES, convert=dtype_name)
+    profile: str = DEFAULT_PROFILE
+    # requests in flight (vLLM max_num_seqs); None = memory decides
+    max_batch: int | None = param(None, check=at_least(1))
+    # token budget per step; None = whole-prompt prefill steps
+    chunked_prefill: int | None = param(None, check=at_least(1))
+    # without chunking: prefill tokens per step (default below)
+    max_step_tokens: int | None = param(None, check=at_least(1))
+    # paged (on-demand blocks + recompute preemption) | reserve
+    admission: str = param("paged", choices=ADMISSION_MODES)
+    block_size: int = param(16, check=at_least(1))             # tokens per KV block
+    # fraction of device memory usable (vLLM --gpu-memory-utilization)
+    memory_utilization: float = param(1.0, check=in_range(0, 1, low_open=True))
+    watermark: float = param(DEFAULT_WATERMARK, check=in_range(0, 1, high_open=True))
     trace: Any = None                      # trace folder (or a loaded traces.Trace): per-request KV lengths
-    trace_heads: str = "mean"              # mean | max (a kernel padded to the fullest head)
+    trace_heads: str = param("mean", choices=("mean", "max"))   # max: a kernel padded to the fullest head
 
     def __post_init__(self):
+        """Errors name the field (`qps must be > 0 (or inf), got 0`); the CLI words them as flags."""
         kvlen.check_policy(self.policy)
-        for name in ("kv_dtype", "weight_dtype"):
-            object.__setattr__(self, name, canonical_dtype(getattr(self, name)))
-        if not (0 < self.cache_ratio <= 1):
-            raise ValueError(f"--cache-ratio must be in (0, 1], got {self.cache_ratio}")
-        if not (0 <= self.recent_ratio <= 1):
-            raise ValueError(f"--recent-ratio must be in [0, 1], got {self.recent_ratio}")
-        if not (self.qps > 0):
-            raise ValueError(f"--qps must be > 0 (or inf), got {self.qps}")
-        if self.block_size < 1:
-            raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
-        if not (0 < self.memory_utilization <= 1):
-            raise ValueError(f"--memory-utilization must be in (0, 1], got {self.memory_utilization}")
-        if self.admission not in ADMISSION_MODES:
-            raise ValueError(f"--admission must be one of {', '.join(ADMISSION_MODES)}, got {self.admission!r}")
-        if self.trace_heads not in ("mean", "max"):
-            raise ValueError(f"--trace-heads must be mean or max, got {self.trace_heads!r}")
+        validate(self)
         if self.arrivals in ARRIVAL_KINDS and (self.prompt is None or self.gen is None or self.requests is None):
-            raise ValueError(f"--arrivals {self.arrivals} needs --requests, --prompt and --gen")
+            raise ValueError(f"arrivals {self.arrivals} needs requests, prompt and gen")
 
     def to_dict(self) -> dict:
         """Plain values; a loaded Device/ModelSpec is recorded by its name."""

@@ -33,9 +33,9 @@ class SchedulerConfig:
         if self.admission not in ADMISSION_MODES:
             raise ValueError(f"unknown admission mode {self.admission!r}; expected one of {', '.join(ADMISSION_MODES)}")
         if self.max_batch is not None and self.max_batch < 1:
-            raise ValueError(f"--max-batch must be >= 1, got {self.max_batch}")
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.chunked_prefill is not None and self.chunked_prefill < 1:
-            raise ValueError(f"--chunked-prefill must be >= 1 token, got {self.chunked_prefill}")
+            raise ValueError(f"chunked_prefill must be >= 1 token, got {self.chunked_prefill}")
         if self.max_step_tokens is not None and self.max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if not (0.0 <= self.watermark < 1.0):

@@ -40,7 +40,7 @@ class ProcessExecutor:
 
     def __init__(self, workers: int):
         if workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {workers}")
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.workers = workers
 
     def describe(self) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from hwmodels.dtypes import canonical_dtype
+from kvcommon.design import CACHE_RATIO_RANGE, DEFAULT_DTYPE, DEFAULT_PROFILE, DEFAULT_RECENT_RATIO, RECENT_RATIO_RANGE
 from sim.kvlen import POLICIES
 from sim.models import load_model
 
@@ -33,11 +34,11 @@ class GridConfig:
     batches: list = field(default_factory=lambda: [1, 8, 32, 128])
     prompts: list = field(default_factory=lambda: [1024, 4096])
     gens: list = field(default_factory=lambda: [256, 1024])
-    recent_ratios: list = field(default_factory=lambda: [0.3])
+    recent_ratios: list = field(default_factory=lambda: [DEFAULT_RECENT_RATIO])
     beams: list = field(default_factory=lambda: [1])
-    kv_dtypes: list = field(default_factory=lambda: ["bf16"])
-    weight_dtypes: list = field(default_factory=lambda: ["bf16"])
-    profiles: list = field(default_factory=lambda: ["fused"])
+    kv_dtypes: list = field(default_factory=lambda: [DEFAULT_DTYPE])
+    weight_dtypes: list = field(default_factory=lambda: [DEFAULT_DTYPE])
+    profiles: list = field(default_factory=lambda: [DEFAULT_PROFILE])
 
     def __post_init__(self):
         for f in fields(self):
@@ -51,13 +52,14 @@ class GridConfig:
             for v in getattr(self, name):
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                     raise ValueError(f"grid {name}: expected positive integers, got {v!r}")
-        for name, lo_open in (("cache_ratios", True), ("recent_ratios", False)):
+        # the ranges are kvcommon.DesignPoint's (one check per parameter)
+        for name, check, interval in (("cache_ratios", CACHE_RATIO_RANGE, "(0, 1]"),
+                                      ("recent_ratios", RECENT_RATIO_RANGE, "[0, 1]")):
             for v in getattr(self, name):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):   # e.g. a list inside the list
-                    raise ValueError(f"grid {name}: expected numbers in {'(0, 1]' if lo_open else '[0, 1]'}, got {v!r}")
-                in_range = 0 < v <= 1 if lo_open else 0 <= v <= 1
-                if not in_range:
-                    raise ValueError(f"grid {name}: {v!r} out of range {'(0, 1]' if lo_open else '[0, 1]'}")
+                    raise ValueError(f"grid {name}: expected numbers in {interval}, got {v!r}")
+                if check(v):
+                    raise ValueError(f"grid {name}: {v!r} out of range {interval}")
         for v in self.policies:
             if not isinstance(v, str) or v not in POLICIES:
                 raise ValueError(f"grid policies: unknown policy {v!r}; expected {', '.join(POLICIES)}")

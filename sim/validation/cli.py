@@ -2,12 +2,11 @@
 steps: load the inputs, collect the points, analyse them, write the report, plot and points."""
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from sim.cli import ArgumentParser, run
 from sim.validation.analysis import REPO_ROOT, analyse
 from sim.validation.measured import find_timing_folders, load_timing
 from sim.validation.parity_plot import parity_plot
@@ -20,13 +19,8 @@ DEFAULT_OUT = REPO_ROOT / "docs"
 DEFAULT_THRESHOLD = 10.0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):   # one line and exit code 2, as every kvsim CLI
-        raise ValueError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m sim.validate",
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m sim.validate",
                 description="Validate kvsim's predictions against published results and measured runs.")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="folder for validation-report.md, validation-parity.png and validation-points.csv "
@@ -66,34 +60,30 @@ def output_folder(out, update_docs: bool) -> Path:
     return out
 
 
-def main(argv=None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        if not args.threshold > 0:
-            raise ValueError(f"--threshold must be a positive percentage, got {args.threshold}")
-        args.out = output_folder(args.out, args.update_docs)
-        refs = load_references(args.references)
-        if args.no_references:
-            refs = refs.iloc[0:0]
-        folders = [] if args.no_measured else find_timing_folders(args.measured)
-        sources = [load_timing(f) for f in folders]
-        if not len(refs) and not sources:
-            raise ValueError("nothing to validate: no reference rows and no timing folders")
-        points, compare = collect(refs, sources, show_progress=not args.quiet and not args.json)
-        validation = analyse(points, compare, sources, refs, args.threshold)
-        markdown = build_markdown(validation, PLOT_NAME)
-        if args.published_gpu is not None and not args.published_gpu.is_file():
-            raise FileNotFoundError(f"--published-gpu {args.published_gpu}: no such file")
-        gpu = None if args.no_published_gpu else published_gpu_section(csv=args.published_gpu)
-        if gpu is not None:
-            markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(gpu.markdown)
-        args.out.mkdir(parents=True, exist_ok=True)
-        parity_plot(points, args.out / PLOT_NAME, args.threshold)
-        write_points(points, args.out / POINTS_NAME)
-        path = write_report(markdown, args.out)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.threshold > 0:
+        raise ValueError(f"--threshold must be a positive percentage, got {args.threshold}")
+    args.out = output_folder(args.out, args.update_docs)
+    refs = load_references(args.references)
+    if args.no_references:
+        refs = refs.iloc[0:0]
+    folders = [] if args.no_measured else find_timing_folders(args.measured)
+    sources = [load_timing(f) for f in folders]
+    if not len(refs) and not sources:
+        raise ValueError("nothing to validate: no reference rows and no timing folders")
+    points, compare = collect(refs, sources, show_progress=not args.quiet and not args.json)
+    validation = analyse(points, compare, sources, refs, args.threshold)
+    markdown = build_markdown(validation, PLOT_NAME)
+    if args.published_gpu is not None and not args.published_gpu.is_file():
+        raise FileNotFoundError(f"--published-gpu {args.published_gpu}: no such file")
+    gpu = None if args.no_published_gpu else published_gpu_section(csv=args.published_gpu)
+    if gpu is not None:
+        markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(gpu.markdown)
+    args.out.mkdir(parents=True, exist_ok=True)
+    parity_plot(points, args.out / PLOT_NAME, args.threshold)
+    write_points(points, args.out / POINTS_NAME)
+    path = write_report(markdown, args.out)
     if args.json:
         summary = summary_json(validation, path)
         summary["published_gpu"] = gpu.summary if gpu is not None else None
@@ -109,3 +99,7 @@ def main(argv=None) -> int:
                   f"LOSO MAPE {overall_gpu['loso_mape']:.1f}%")
     return 0
 
+
+def main(argv=None) -> int:
+    """User mistakes (bad flags, missing files) are one `error: ...` line and exit code 2 (the kit's run)."""
+    return run(_main, argv)

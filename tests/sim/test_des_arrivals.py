@@ -68,9 +68,9 @@ def test_bad_replay_files_raise_one_clear_message(tmp_path, content, suffix, mes
 def test_missing_file_and_bad_parameters():
     with pytest.raises(FileNotFoundError, match="poisson, gamma or a CSV/JSONL"):
         make_workload("nope.csv", 1.0, 10, 8, 8)
-    with pytest.raises(ValueError, match="--qps"):
+    with pytest.raises(ValueError, match="qps must be > 0"):
         synthetic_workload("poisson", 0.0, 10, 8, 8)
-    with pytest.raises(ValueError, match="--cv"):
+    with pytest.raises(ValueError, match="cv must be"):
         synthetic_workload("gamma", 1.0, 10, 8, 8, cv=0.0)
-    with pytest.raises(ValueError, match="needs --requests, --prompt and --gen"):
+    with pytest.raises(ValueError, match="needs requests, prompt and gen"):
         make_workload("gamma", 1.0, 10, None, 8)

@@ -200,9 +200,9 @@ def test_invariants_hold_for_random_workloads(n, qps, policy, ratio, capacity, c
 def test_scheduler_config_rejects_bad_values():
     with pytest.raises(ValueError, match="admission"):
         SchedulerConfig(admission="lazy")
-    with pytest.raises(ValueError, match="max-batch"):
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
         SchedulerConfig(max_batch=0)
-    with pytest.raises(ValueError, match="chunked-prefill"):
+    with pytest.raises(ValueError, match="chunked_prefill must be >= 1"):
         SchedulerConfig(chunked_prefill=0)
 
 

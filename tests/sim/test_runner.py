@@ -282,7 +282,7 @@ def test_local_processes_give_the_same_table(toy_env, tmp_path):
 
 
 def test_workers_must_be_positive():
-    with pytest.raises(ValueError, match="--workers"):
+    with pytest.raises(ValueError, match="workers must be >= 1"):
         ProcessExecutor(0)
 
 

@@ -269,3 +269,13 @@ def test_cli_replays_an_arrivals_file(tmp_path, capsys):
 def test_cli_user_mistakes_give_one_line_and_exit_2(args, message, capsys):
     code = main(args)
     assert_one_line_error(code, capsys.readouterr().err, message)
+
+
+def test_library_errors_name_fields_the_cli_names_flags(capsys):
+    from sim.serve import ServeConfig
+    with pytest.raises(ValueError, match=r"^qps must be > 0 \(or inf\), got 0"):
+        ServeConfig(hw="l4", model="gpt2", qps=0)
+    with pytest.raises(ValueError, match=r"^block_size must be >= 1, got 0"):
+        ServeConfig(hw="l4", model="gpt2", block_size=0)
+    code = main(BASE + ["--prompt", "8", "--gen", "8", "--block-size", "0"])
+    assert_one_line_error(code, capsys.readouterr().err, "--block-size must be >= 1, got 0")
