@@ -14,7 +14,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch starts its OpenMP threads
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -27,6 +26,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from keyformer import compat, make_policy  # noqa: E402
+from kvcommon.cli import OneLineParser  # noqa: E402
 from keyformer.generate import decode_one_token, synthetic_state  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def time_policy(model, name: str, batch: int, context: int, steps: int, warmup: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=10)

@@ -9,7 +9,6 @@ start-up), simulated steps, host microseconds per step and the simulated through
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -21,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPO))
 
+from kvcommon.cli import OneLineParser  # noqa: E402
 from sim.serve import simulate  # noqa: E402
 
 TARGET_S = 30.0
@@ -38,7 +38,7 @@ CASES = [
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--gen", type=int, default=512)

@@ -12,7 +12,6 @@ on a shared machine they explain most of the spread between runs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ if str(REPO) not in sys.path:  # run as a script from a checkout
 
 import pandas as pd  # noqa: E402
 
+from kvcommon.cli import OneLineParser  # noqa: E402
 from sim import runner, sweep  # noqa: E402
 
 MODES = ("local", "processes", "dask")
@@ -103,7 +103,7 @@ def _run_mode(mode: str, points: pd.DataFrame, workers: int, progress: bool) -> 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--points", type=int, default=10_000_000, help="design points per mode (default 10M)")
     p.add_argument("--modes", default="local,processes,dask", help=f"comma-separated, from {', '.join(MODES)}")
     p.add_argument("--workers", type=int, default=2, help="processes / Dask workers (default 2)")

@@ -53,7 +53,7 @@ FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
 if os.environ.get("KVSIM_TRACE_DIRS"):
     trace_dirs = [Path(p) for p in os.environ["KVSIM_TRACE_DIRS"].split(os.pathsep) if p]
 else:
-    trace_dirs = traced.bundled_traces()
+    trace_dirs = list(traces.catalog().traces)
 if not trace_dirs:
     raise FileNotFoundError("no trace folders: the bundled ones live in traces/data/ (bash traces/data/regenerate.sh "
                             "recaptures them); or set KVSIM_TRACE_DIRS")

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sim.cli import ArgumentParser, positive_int, run
-from sim.kvlen import POLICIES
+from sim.policies import NAMES as POLICIES
 
 BENCH_MODELS = ("llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b", "llama-2-70b", "mistral-7b")
 DTYPE_CHOICES = ("bf16", "fp16", "fp8", "int8")

@@ -15,7 +15,7 @@ from kvcommon import DesignPoint
 from kvcommon.fields import add_flags, from_args
 from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, run
 from sim.engine import Prediction, predict
-from sim.kvlen import POLICIES
+from sim.policies import NAMES as POLICIES
 
 
 def profile_names() -> list[str]:

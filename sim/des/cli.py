@@ -12,7 +12,7 @@ import numpy as np
 
 from kvcommon import DesignPoint, FieldError
 from kvcommon.fields import add_flags, flag_of
-from sim import cli, kvlen
+from sim import cli, policies
 from sim.des.arrivals import ARRIVAL_KINDS
 from sim.des.metrics import STAT_KEYS, ServeResult
 from sim.des.scheduler import ADMISSION_MODES
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
                            formatter_class=cli.DefaultsHelpFormatter)
     # the design-point flags come from kvcommon.DesignPoint's fields (one default, one check per parameter)
     add_flags(p, DesignPoint, ("hw", "model", "policy", "cache_ratio", "recent_ratio"), required=("hw", "model"),
-              choices={"policy": kvlen.POLICIES})
+              choices={"policy": policies.NAMES})
     p.add_argument("--qps", type=float, default=math.inf, help="request rate (requests/s); inf = all at t=0")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: 100, or the whole file)")
     add_flags(p, DesignPoint, ("prompt", "gen"), defaults={"prompt": None, "gen": None},

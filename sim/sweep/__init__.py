@@ -25,7 +25,7 @@ Modules (one seam each): grid (GridConfig, build_grid), options (RunOptions, loa
 from sim.sweep.analytic import OUTPUT_COLUMNS, evaluate
 from sim.sweep.cli import build_parser, config_from_args, main
 from sim.sweep.des import DES_SUMMARY_COLUMNS, evaluate_des, write_des_outputs
-from sim.sweep.grid import (DEFAULT_MODELS, DEFAULT_RATIOS, GROUP_COLUMNS, INPUT_COLUMNS, GridConfig, _model_hash,
+from sim.sweep.grid import (DEFAULT_MODELS, DEFAULT_RATIOS, GROUP_COLUMNS, INPUT_COLUMNS, GridConfig,
                             build_grid, datasheet_devices)
 from sim.sweep.options import ENGINES, OWN, RunOptions, load_config
 from sim.sweep.phases import Phase, cache_key_columns, execution_line, run_phase, trace_phase

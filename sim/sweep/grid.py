@@ -1,8 +1,6 @@
 """The sweep's grid: its axes (`GridConfig`, the YAML keys) and their cartesian product (`build_grid`)."""
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field, fields
 
@@ -11,8 +9,8 @@ import pandas as pd
 
 from hwmodels.dtypes import canonical_dtype
 from kvcommon.design import CACHE_RATIO_RANGE, DEFAULT_DTYPE, DEFAULT_PROFILE, DEFAULT_RECENT_RATIO, RECENT_RATIO_RANGE
-from sim.kvlen import POLICIES
 from sim.models import load_model
+from sim.policies import NAMES as POLICIES
 
 DEFAULT_MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b"]
 DEFAULT_RATIOS = [round(0.1 * i, 1) for i in range(1, 11)]
@@ -83,10 +81,6 @@ INPUT_COLUMNS = ["hw", "model", "policy", "cache_ratio", "recent_ratio", "batch"
 GROUP_COLUMNS = ["hw", "model", "policy", "profile"]   # the engine vectorises over everything else
 
 
-def _model_hash(spec) -> str:
-    return hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-
 def build_grid(config: GridConfig) -> pd.DataFrame:
     """Cartesian product of the axes; validates every device, model and profile name first.
 
@@ -104,5 +98,5 @@ def build_grid(config: GridConfig) -> pd.DataFrame:
     df = pd.MultiIndex.from_product(axes, names=INPUT_COLUMNS).to_frame(index=False)
     # cells keep the user's spelling (a name or a file path), so evaluate() can load them anywhere
     df["hw_hash"] = df["hw"].map({n: d.content_hash for n, d in devices.items()})
-    df["model_hash"] = df["model"].map({n: _model_hash(s) for n, s in specs.items()})
+    df["model_hash"] = df["model"].map({n: s.content_hash for n, s in specs.items()})
     return df

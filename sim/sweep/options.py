@@ -103,11 +103,11 @@ class RunOptions:
             raise ValueError(f"requests must be a positive integer, got {self.requests!r}")
 
     def trace_dirs(self) -> list[Path]:
-        from sim import traced
+        import traces
         dirs = []
         for entry in self.traces:
             if entry == "bundled":
-                dirs += traced.bundled_traces()
+                dirs += traces.catalog().traces
             else:
                 path = Path(entry)
                 if not (path / "manifest.json").is_file():

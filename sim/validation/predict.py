@@ -9,6 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from kvcommon.design import DEFAULT_RECENT_RATIO
 from sim import engine
 from sim.ops import BYTE_FIELDS
 from sim.validation.references import Run
@@ -62,7 +63,7 @@ def reference_value(metric: str, run: Run, base: Run | None, profile: str | None
 
 
 def decode_step_s(device, model, batch: int, attended_tokens: float, policy: str, dtype: str, profile: str,
-                  recent_ratio: float = 0.3, beams: int = 1) -> float:
+                  recent_ratio: float = DEFAULT_RECENT_RATIO, beams: int = 1) -> float:
     """One decode step where each of `batch` requests (x `beams` beams) attends over `attended_tokens`
     slots (newcomer included): the engine's `past_tokens` is that minus the appended token."""
     past = max(float(attended_tokens) - 1.0, 0.0)
