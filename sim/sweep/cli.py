@@ -7,6 +7,7 @@ from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvcommon import DesignPoint
 from sim import runner
 from sim.cli import ArgumentParser, csv_list, positive_int
 from sim.sweep.analytic import evaluate
@@ -16,6 +17,14 @@ from sim.sweep.options import ENGINES, OWN, RunOptions, load_config
 from sim.sweep.phases import execution_line, run_phase, trace_phase
 from sim.sweep.summary import write_outputs
 
+# Each grid axis (a GridConfig field) lists the values of one kvcommon.DesignPoint field.
+AXIS_FIELDS = {"hw": "hw", "models": "model", "policies": "policy", "cache_ratios": "cache_ratio",
+               "recent_ratios": "recent_ratio", "batches": "batch", "beams": "beams", "prompts": "prompt",
+               "gens": "gen", "kv_dtypes": "kv_dtype", "weight_dtypes": "weight_dtype", "profiles": "profile"}
+AXIS_HELP = {"hw": "devices (names or YAML files)", "models": "models (names or configs)", "policies": "policies",
+             "cache_ratios": "cache ratios", "recent_ratios": "recent ratios", "batches": "batch sizes",
+             "beams": "beam widths", "prompts": "prompt lengths", "gens": "generation lengths",
+             "kv_dtypes": "KV dtypes", "weight_dtypes": "weight dtypes", "profiles": "profiles"}
 DESCRIPTION = "`python -m sim.sweep`: evaluate a grid of design points and write a table, plots and a summary."
 
 
@@ -25,16 +34,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", help="output folder (default results/sweep-<UTC timestamp>)")
     d = GridConfig.__dataclass_fields__
     default = lambda name: ",".join(str(v) for v in d[name].default_factory()) if name != "hw" else "datasheet devices"
-    axes = [("--hw", "hw", str, "devices (names or YAML files)"), ("--models", "models", str, "models (names or configs)"),
-            ("--policies", "policies", str, "policies"), ("--cache-ratios", "cache_ratios", float, "cache ratios"),
-            ("--recent-ratios", "recent_ratios", float, "recent ratios"), ("--batches", "batches", int, "batch sizes"),
-            ("--beams", "beams", int, "beam widths"), ("--prompts", "prompts", int, "prompt lengths"),
-            ("--gens", "gens", int, "generation lengths"), ("--kv-dtypes", "kv_dtypes", str, "KV dtypes"),
-            ("--weight-dtypes", "weight_dtypes", str, "weight dtypes"), ("--profiles", "profiles", str, "profiles")]
-    for flag, dest, kind, what in axes:
+    for dest, field_name in AXIS_FIELDS.items():
+        flag = "--" + dest.replace("_", "-")
         names = (flag, "--devices") if flag == "--hw" else (flag,)
-        p.add_argument(*names, dest=dest, type=csv_list(kind, flag), metavar="A,B,..",
-                       help=f"{what}, comma-separated (default {default(dest)})")
+        p.add_argument(*names, dest=dest, type=csv_list(_item_type(field_name), flag), metavar="A,B,..",
+                       help=f"{AXIS_HELP[dest]}, comma-separated (default {default(dest)})")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--csv", action="store_true",
                    help="also write points.csv beside points.parquet (about 9 MB for the default grid)")
@@ -59,6 +63,12 @@ def build_parser() -> ArgumentParser:
                              help="batch sizes for trace-driven points (default 1; throughput at the largest "
                                   "batch that fits is computed for every point)")
     return p
+
+
+def _item_type(field_name: str):
+    """The type of one value of an axis: that of the kvcommon.DesignPoint field it lists."""
+    kind = str({f.name: f.type for f in fields(DesignPoint)}[field_name])
+    return {"int": int, "float": float}.get(kind, str)
 
 
 def _own_or_int(text: str):

@@ -127,3 +127,15 @@ def test_bad_config_files(tmp_path, capsys, text, fragment):
     cfg.write_text(text)
     code, _, err = cli(["--config", str(cfg), "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and fragment in err and err.count("\n") == 1
+
+
+def test_every_grid_axis_lists_a_design_point_field():
+    """The sweep's axis flags are generated from kvcommon.DesignPoint: each GridConfig axis names the field
+    it lists (its item type comes from there), and the cache/recent ranges are DesignPoint's."""
+    from dataclasses import fields
+
+    from kvcommon import DesignPoint
+    from sim.sweep.cli import AXIS_FIELDS, AXIS_HELP, _item_type
+    assert set(AXIS_FIELDS) == {f.name for f in fields(GridConfig)} == set(AXIS_HELP)
+    assert set(AXIS_FIELDS.values()) <= {f.name for f in fields(DesignPoint)}
+    assert (_item_type("cache_ratio"), _item_type("batch"), _item_type("kv_dtype")) == (float, int, str)
