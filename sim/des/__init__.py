@@ -2,7 +2,9 @@
 
 arrivals (workloads) -> scheduler (vLLM-like continuous batching, KV-memory admission, preemption)
 -> server (simpy processes; each step timed by sim.engine) -> metrics (vLLM benchmark_serving).
-The user-facing entry is `sim.serve.simulate` / `python -m sim.serve`.
+Modules: arrivals, kvmemory (block pool, per-request KV schedules), step_plan (SchedulerConfig, StepPlan),
+scheduler, server, metrics, analytic (the step timer on sim.engine), serving (ServeConfig, run_config,
+simulate) and cli (`python -m sim.serve`, whose module sim/serve.py is a thin entry re-exporting these).
 """
 from .arrivals import Workload, load_workload, make_workload, synthetic_workload
 from .kvmemory import BlockPool
