@@ -20,7 +20,6 @@ import dataclasses
 import re
 from typing import Callable, Iterable
 
-from kvcommon.cli import csv_list
 
 # metadata keys of param(); everything else in a field's metadata is left alone
 _KEY = "kvcommon"
@@ -101,6 +100,11 @@ def flag_of(cls, name: str) -> str:
     return _meta(f).get("flag") or "--" + name.replace("_", "-")
 
 
+def help_of(cls, name: str) -> str:
+    """The help text declared on field `name` of `cls` (for a flag a CLI writes by hand)."""
+    return _meta({f.name: f for f in dataclasses.fields(cls)}[name]).get("help", "")
+
+
 def validate(obj) -> None:
     """Check (and, through `convert`, normalise) every param() field of a (frozen) dataclass instance;
     raises FieldError naming the first bad field. Call it from `__post_init__`."""
@@ -161,6 +165,22 @@ def _typed(parse: Callable, flag: str) -> Callable:
     return convert
 
 
+def _typed_list(parse: Callable) -> Callable:
+    """argparse type for comma-separated values: `--batch 1,8,32` -> [1, 8, 32]."""
+    what = {int: "integers", float: "numbers"}.get(parse, "values")
+
+    def convert(text: str):
+        try:
+            values = [parse(t.strip()) for t in text.split(",") if t.strip()]
+        except (TypeError, ValueError):
+            values = None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        return values
+    convert.__name__ = f"list of {what}"
+    return convert
+
+
 def add_flags(parser, cls, names: Iterable[str], *, defaults: dict | None = None, required: Iterable[str] = (),
               help: dict | None = None, choices: dict | None = None) -> None:
     """Add one flag per field of `cls` in `names` (in that order), from the fields' metadata.
@@ -181,7 +201,7 @@ def add_flags(parser, cls, names: Iterable[str], *, defaults: dict | None = None
             parser.add_argument(flag, **kwargs)
             continue
         if meta.get("list"):
-            kwargs["type"] = csv_list(parse, flag)
+            kwargs["type"] = _typed_list(parse)
         else:
             kwargs["type"] = _typed(parse, flag)
         allowed = choices.get(name, meta.get("choices"))
@@ -189,6 +209,8 @@ def add_flags(parser, cls, names: Iterable[str], *, defaults: dict | None = None
             kwargs["choices"] = tuple(allowed)
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
+        elif flag != "--" + name.replace("_", "-") and "choices" not in kwargs:   # name the flag, not the field
+            kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
         if name in required:
             kwargs["required"] = True
         elif name in defaults:

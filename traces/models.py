@@ -26,8 +26,8 @@ from traces.assets import REPO_ROOT, asset, assets_dir
 CACHE_DIR = Path(os.environ.get("KVSIM_MODEL_CACHE", REPO_ROOT / ".cache" / "models"))
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# torch is imported inside functions only: traces' torch-free import check walks this module too.
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# torch (and keyformer, which loads it) are imported inside functions only: traces' torch-free import check
+# walks this module too. The dtype table is keyformer.dtypes'.
 
 
 @dataclass
@@ -78,8 +78,8 @@ def list_named_models() -> list[str]:
 
 
 def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "fp32") -> LoadedModel:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} not supported for capture (choose from {', '.join(DTYPES)})")
+    from keyformer.dtypes import torch_dtype
+    weights_dtype = torch_dtype(dtype, "capture")
     key = name_or_dir.lower()
     if key in ("smollm2-135m", "smollm2", "smollm2-135m-instruct"):
         folder = smollm2_folder()
@@ -100,9 +100,7 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "fp32") -> Lo
     else:
         raise ValueError(f"unknown model {name_or_dir!r}: give a model folder, a HF id, or one of "
                          f"{', '.join(list_named_models())}")
-    import torch
-
-    loaded.model.to(device=device, dtype=getattr(torch, DTYPES[dtype]))
+    loaded.model.to(device=device, dtype=weights_dtype)
     return loaded
 
 
@@ -177,23 +175,13 @@ def byte_tokenizer():
 
 
 def tiny_random_model(name: str, seed: int = 0) -> LoadedModel:
-    """Two-layer random models (seeded) for fast end-to-end tests; never for quality results."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    """Two-layer random models (seeded, keyformer.tiny's factory) for fast end-to-end tests; never for
+    quality results."""
+    from keyformer.tiny import random_model, tiny_config
 
-    tokenizer = byte_tokenizer()
-    vocab = len(tokenizer)
-    torch.manual_seed(seed)
-    if name == "tiny-llama":
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                          bos_token_id=0, eos_token_id=1, attn_implementation="eager")
-        model = LlamaForCausalLM(cfg)
-    elif name == "tiny-gpt2":
-        cfg = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=2048,
-                         bos_token_id=0, eos_token_id=1, attn_implementation="eager")
-        model = GPT2LMHeadModel(cfg)
-    else:
+    archs = {"tiny-llama": "llama", "tiny-gpt2": "gpt2"}
+    if name not in archs:
         raise ValueError(f"unknown tiny model {name!r} (choose tiny-llama or tiny-gpt2)")
-    model.eval()
+    tokenizer = byte_tokenizer()
+    model = random_model(tiny_config(archs[name], len(tokenizer), 2048, bos_token_id=0, eos_token_id=1), seed)
     return LoadedModel(model, tokenizer, name, f"random init, seed {seed}", trained=False, chat=False)

@@ -5,6 +5,7 @@ version) raises `TraceError` with one line that names the file, so CLIs can prin
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -84,6 +85,23 @@ def _read_texts(folder: Path, expected_rows: int | None) -> pd.DataFrame:
     return frame
 
 
+# What a trace feeds the simulator: its manifest and its KV-length table (the bytes).
+HASHED_FILES = (schema.MANIFEST, schema.KV)
+
+
+def content_hash(folder) -> str:
+    """Hash of a trace folder's content as the simulator sees it (HASHED_FILES' bytes), without loading it:
+    part of every trace-driven point's cache key, so a recaptured trace invalidates its points."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for name in HASHED_FILES:
+        file = folder / name
+        if not file.exists():
+            raise FileNotFoundError(f"{file}: missing (not a trace folder?)")
+        digest.update(name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def load(folder) -> Trace:
     """Open a trace folder; TraceError with one line naming the file for anything wrong with it."""
     folder = Path(folder).expanduser()
@@ -114,6 +132,11 @@ class Trace:
     @property
     def model(self) -> dict:
         return self.manifest["model"]
+
+    @cached_property
+    def content_hash(self) -> str:
+        """The folder's content hash (`content_hash(path)`: manifest.json and kv.parquet, as read from disk)."""
+        return content_hash(self.path)
 
     @cached_property
     def _groups(self) -> dict:

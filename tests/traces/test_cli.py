@@ -26,7 +26,7 @@ BASE = ["--model", "tiny-llama", "--dataset", "xsum", "--out", "OUT"]
     (["--policy", "full", "--dataset", "xsum", "--out", "x"], "required: --model"),
     (BASE + ["--policy", "nonsense"], "unknown policy 'nonsense'"),
     (BASE + ["--policy", "h2o", "--cache-ratios", "0.5,1.5"], "--cache-ratios must be in (0, 1], got 1.5"),
-    (BASE + ["--policy", "h2o", "--cache-ratios", "half"], "--cache-ratios: cannot read 'half' as a comma-separated list"),
+    (BASE + ["--policy", "h2o", "--cache-ratios", "half"], "expected comma-separated numbers, got 'half'"),
     (BASE[:2] + ["--dataset", "wikipedia", "--out", "x", "--policy", "h2o"], "unknown dataset 'wikipedia'"),
     (BASE + ["--policy", "h2o", "--n", "0"], "--n must be >= 1"),
     (BASE + ["--policy", "h2o", "--recent-ratio", "2"], "--recent-ratio must be in [0, 1]"),

@@ -199,3 +199,41 @@ def test_truncated_kept_is_reported_when_used(trace_dir):
     with pytest.raises(traces.TraceError, match="kept.parquet: corrupt or truncated"):
         _ = trace.kept
     assert not math.isnan(trace.kv["mass_retained"].mean())
+
+
+def test_content_hash_is_a_property_of_the_trace_and_follows_the_kv_table(trace_dir, tmp_path):
+    import shutil
+
+    from traces.reader import content_hash
+    trace = traces.load(trace_dir)
+    assert trace.content_hash == content_hash(trace_dir) and len(trace.content_hash) == 16
+    other = tmp_path / "other"
+    shutil.copytree(trace_dir, other)
+    assert content_hash(other) == trace.content_hash     # the bytes, not the path
+    table = pq.read_table(other / schema.KV)
+    pq.write_table(table.slice(0, table.num_rows - 1), other / schema.KV)
+    assert content_hash(other) != trace.content_hash
+    with pytest.raises(FileNotFoundError, match="missing"):
+        content_hash(tmp_path)
+
+
+def test_catalog_lists_each_kind_once():
+    cat = traces.catalog()
+    assert cat.traces and cat.timing and cat.quality_reports
+    assert not set(cat.traces) & set(cat.timing)
+    assert all(traces.reader._read_manifest(p)["kind"] == schema.KIND for p in cat.traces)
+    assert [cat.name(p) for p in cat.traces] == traces.bundled()
+    assert cat.trace(traces.bundled()[0]) == cat.root / traces.bundled()[0]
+    assert cat.root / "quality" / "quality.csv" in cat.quality_reports
+    with pytest.raises(FileNotFoundError, match="no bundled trace"):
+        cat.trace("nope")
+
+
+def test_catalog_of_another_root(tmp_path, trace_dir):
+    import shutil
+    root = tmp_path / "root"
+    shutil.copytree(trace_dir, root / "m" / "d")
+    (root / "x").mkdir()
+    (root / "x" / "manifest.json").write_text("{")       # unreadable: skipped
+    cat = traces.catalog(root)
+    assert cat.traces == (root / "m" / "d",) and cat.timing == () and cat.name(cat.traces[0]) == "m/d"

@@ -16,6 +16,7 @@ from hwmodels import load_device  # noqa: E402
 from tests.helpers import assert_one_line_error  # noqa: E402
 from tests.hwmodels.test_calibrate_fit import synthetic_series  # noqa: E402
 from traces import timing  # noqa: E402
+import traces.timing.measure  # noqa: E402,F401  (timing.measure: the functions the rounds call)
 
 GRID = ["--model", "tiny-gpt2", "--batch", "1,2", "--context", "32", "--policy", "full", "--prefill", "16",
         "--repeats", "3", "--warmup", "0"]
@@ -40,9 +41,9 @@ def samples(row) -> list[float]:
 def counted(monkeypatch):
     """Count the timed point-rounds (decode and prefill) while still measuring for real."""
     calls = []
-    decode, prefill = timing.time_decode, timing.time_prefill
-    monkeypatch.setattr(timing, "time_decode", lambda *a, **k: calls.append("decode") or decode(*a, **k))
-    monkeypatch.setattr(timing, "time_prefill", lambda *a, **k: calls.append("prefill") or prefill(*a, **k))
+    decode, prefill = timing.measure.time_decode, timing.measure.time_prefill
+    monkeypatch.setattr(timing.measure, "time_decode", lambda *a, **k: calls.append("decode") or decode(*a, **k))
+    monkeypatch.setattr(timing.measure, "time_prefill", lambda *a, **k: calls.append("prefill") or prefill(*a, **k))
     return calls
 
 
@@ -98,7 +99,7 @@ def test_more_rounds_resume_and_fewer_are_refused(tmp_path, capsys, counted):
 
 def test_interrupted_round_resumes_where_it_stopped(tmp_path, capsys, monkeypatch):
     calls = []
-    decode = timing.time_decode
+    decode = timing.measure.time_decode
 
     def interrupt_last_point(*a, **k):
         calls.append(1)
@@ -106,11 +107,11 @@ def test_interrupted_round_resumes_where_it_stopped(tmp_path, capsys, monkeypatc
             raise KeyboardInterrupt
         return decode(*a, **k)
 
-    monkeypatch.setattr(timing, "time_decode", interrupt_last_point)
+    monkeypatch.setattr(timing.measure, "time_decode", interrupt_last_point)
     rc, _, _ = run(GRID + ["--rounds", 2, "--out", tmp_path], capsys)
     assert rc == 130
     assert sorted(table_of(tmp_path)["rounds"]) == [1, 2, 2]   # prefill and batch 1 got round 2, batch 2 not
-    monkeypatch.setattr(timing, "time_decode", lambda *a, **k: calls.append(2) or decode(*a, **k))
+    monkeypatch.setattr(timing.measure, "time_decode", lambda *a, **k: calls.append(2) or decode(*a, **k))
     assert run(GRID + ["--rounds", 2, "--out", tmp_path], capsys)[0] == 0
     assert calls.count(2) == 1 and (table_of(tmp_path)["rounds"] == 2).all()
 

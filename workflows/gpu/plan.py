@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traces.assets import REPO_ROOT
+from traces.timing.configs import shipped_model_configs
 
 STAGES = ("calibrate", "timing", "capture")
-SIM_MODELS_DIR = REPO_ROOT / "sim" / "models"
+SIM_MODELS_DIR = shipped_model_configs()     # sim/models/*.json, found without importing sim
 # Config keys that bound the positions a model can embed (learned or rotary tables), as traces.timing reads
 # them; ALiBi (MPT's max_seq_len) extrapolates and is left alone.
 POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")

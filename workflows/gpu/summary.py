@@ -1,6 +1,6 @@
 """What a GPU run folder holds, as one CSV and a printed table (torch-free: it also runs after ingest).
 
-    python -m traces.gpu.summary RUN_DIR      # reprint the summary of a run folder or an ingested one
+    python -m workflows.gpu.summary RUN_DIR      # reprint the summary of a run folder or an ingested one
 """
 from __future__ import annotations
 
@@ -10,32 +10,20 @@ from pathlib import Path
 
 import pandas as pd
 
-TIMING_KIND = "kvsim-timing"
+from traces.catalog import catalog
+
 SUMMARY_COLUMNS = ("model", "phase", "policy", "cache_ratio", "batch", "context", "kv_tokens", "slots",
                    "median_ms", "p10_ms", "p90_ms", "peak_mem_gib", "dtype", "device")
 GIB = 2**30
 
 
-def _folders_of_kind(root: Path, kind: str) -> list[Path]:
-    """Folders below root whose manifest.json names `kind`; unreadable or foreign manifests are skipped."""
-    found = []
-    for manifest in sorted(Path(root).glob("**/manifest.json")):
-        try:
-            if json.loads(manifest.read_text()).get("kind") == kind:
-                found.append(manifest.parent)
-        except (OSError, ValueError, AttributeError):
-            continue
-    return found
-
-
 def timing_folders(root: Path) -> list[Path]:
-    return _folders_of_kind(root, TIMING_KIND)
+    """The timing folders below root (traces.catalog: unreadable or foreign manifests are skipped)."""
+    return list(catalog(root).timing)
 
 
 def trace_folders(root: Path) -> list[Path]:
-    from traces.schema import KIND
-
-    return _folders_of_kind(root, KIND)
+    return list(catalog(root).traces)
 
 
 def timing_rows(folder: Path) -> pd.DataFrame:
@@ -157,7 +145,7 @@ def render(root: Path, run: dict | None = None) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m traces.gpu.summary RUN_DIR", file=sys.stderr)
+        print("usage: python -m workflows.gpu.summary RUN_DIR", file=sys.stderr)
         return 2
     root = Path(argv[0])
     if not root.is_dir():

@@ -1,4 +1,4 @@
-"""`python -m traces.gpu.ingest SOURCE`: bring a GPU run home into traces/data/h200/ for sim.validate.
+"""`python -m workflows.gpu.ingest SOURCE`: bring a GPU run home into traces/data/h200/ for sim.validate.
 
 SOURCE is what came back from the device machine: the RUN.tar.gz (or the folder holding it, e.g. the device
 tool's files_at), or an unpacked run folder (one with run.json). Everything is checked before anything is
@@ -7,21 +7,21 @@ trace folder loads with traces.load (an unfinished capture is reported and left 
 then replaced as a whole (--replace needed when it exists):
 
     traces/data/h200/
-      index.json            what is here: source file and sha256, device, stages, folders, and the MAPE table
+      index.json            what is here: source file and sha256, device, stages, folders, datasheet file
       hw/<gpu>-calibrated.yaml       the calibrated hardware file (timing manifests name it by relative path)
       timing/<model>/       kvsim-timing folders (sim.validate finds them: origin "h200")
       <model>/<dataset>/    trace folders (traces.load, traces.bundled)
-      run.json, summary.csv, summary.txt, hw_comparison.csv, logs/
+      run.json, summary.csv, summary.txt, logs/
       <model>_<dataset>_vs_bundled.csv   the trace against the bundled capture of the same samples
 
-hw_comparison.csv: every measured point predicted on the calibrated file and on the datasheet file
-(run.json's datasheet_hw, or --datasheet), with MAPE per metric and hardware file; printed at the end.
-The index is index.json, not manifest.json: a manifest.json at the top would hide the timing folders
+Ingest predicts nothing (it imports no sim): it only checks and converts measured files into the timing and
+trace formats (traces.timing_format, traces.load). The index records the datasheet file (run.json's
+datasheet_hw, or --datasheet) the calibrated one is to be compared against; `python -m sim.validate` predicts
+the points. The index is index.json, not manifest.json: a manifest.json at the top would hide the timing folders
 below it from sim.validate's search.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -34,10 +34,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from traces.assets import REPO_ROOT
-from traces.gpu.summary import collect_timing, render, timing_folders, trace_folders
+from kvcommon.cli import OneLineParser, run
+from traces.assets import DATA_DIR, REPO_ROOT
+from traces.timing_format import load_timing, read_record
+from workflows.gpu.summary import collect_timing, render, timing_folders, trace_folders
 
-DEFAULT_DEST = REPO_ROOT / "traces" / "data" / "h200"
+DEFAULT_DEST = DATA_DIR / "h200"
 RUN_KIND = "kvsim-gpu-run"
 INDEX_KIND = "kvsim-gpu-results"
 
@@ -92,8 +94,7 @@ def resolve_source(source: Path, scratch: Path) -> tuple[Path, Path | None]:
 
 
 def read_run(run_dir: Path) -> dict:
-    """run.json of a GPU run folder (kind kvsim-gpu-run), read as sim.validate reads its manifests."""
-    from sim.validation.measured import read_record
+    """run.json of a GPU run folder (kind kvsim-gpu-run), read as the timing manifests are."""
     try:
         return read_record(run_dir / "run.json", RUN_KIND, "a GPU run record")
     except ValueError as exc:
@@ -104,7 +105,6 @@ def check_run(run_dir: Path) -> dict:
     """Load everything the destination will hold; returns {hw, timing, traces, skipped} (paths relative)."""
     import traces
     from hwmodels import load_device
-    from sim.validation.measured import load_timing
 
     read_run(run_dir)
     found = {"hw": [], "timing": [], "traces": [], "skipped": []}
@@ -115,7 +115,7 @@ def check_run(run_dir: Path) -> dict:
             raise IngestError(f"{path}: the hardware file does not load ({exc})") from None
         found["hw"].append(path.relative_to(run_dir).as_posix())
     for folder in timing_folders(run_dir):
-        source = load_timing(folder)   # as sim.validate reads it
+        source = load_timing(folder)   # the timing-folder reader sim.validate reads it with
         hw = source.manifest["hw_device"]
         if hw.endswith((".yaml", ".yml")) and not Path(source.hw).is_file():
             raise IngestError(f"{folder}: names hardware file {hw}, which is not in the run folder")
@@ -140,31 +140,6 @@ def check_run(run_dir: Path) -> dict:
 def _dest_name(rel: str) -> str:
     """Where a run-folder path lands: traces/<model>/<dataset> -> <model>/<dataset>; the rest keeps its path."""
     return rel.removeprefix("traces/")
-
-
-def hw_comparison(dest: Path, datasheet: str | None) -> pd.DataFrame:
-    """Every measured point predicted on the folder's own (calibrated) file and on `datasheet`."""
-    from dataclasses import replace
-
-    from hwmodels import load_device
-    from sim.validation.measured import load_timing
-    from sim.validation.points import measured_points
-
-    frames = []
-    for folder in timing_folders(dest):
-        source = load_timing(folder)
-        named = source.manifest["hw_device"]
-        # The folder's own file: the calibrated one, unless calibration failed (or --hw named another file).
-        own = "calibrated" if load_device(source.hw).calibration else "as run (not calibrated)"
-        variants = [(own, source)]
-        if datasheet and datasheet != named:
-            variants.append(("datasheet", replace(source, manifest=source.manifest | {"hw_device": datasheet})))
-        for label, variant in variants:
-            points, _ = measured_points(variant)
-            frames.append(points.assign(hw_file=label, hw_name=Path(variant.manifest["hw_device"]).stem))
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)
 
 
 def compare_traces(trace_dir: Path, reference_dir: Path) -> pd.DataFrame:
@@ -192,15 +167,6 @@ def compare_traces(trace_dir: Path, reference_dir: Path) -> pd.DataFrame:
         kv_rows=("same_kv_len", "size"), same_kv_len_share=("same_kv_len", "mean"),
         mass_abs_diff_mean=("mass_abs_diff", "mean"))
     return by_text.merge(by_kv, on=["policy", "cache_ratio"], how="outer")
-
-
-def mape_table(points: pd.DataFrame) -> pd.DataFrame:
-    if points.empty:
-        return pd.DataFrame(columns=["hw_file", "hw_name", "metric", "points", "mape_pct", "max_abs_error_pct"])
-    err = points.assign(abs_error=points["error_pct"].abs())
-    return (err.groupby(["hw_file", "hw_name", "metric"], as_index=False)
-               .agg(points=("abs_error", "size"), mape_pct=("abs_error", "mean"),
-                    max_abs_error_pct=("abs_error", "max")))
 
 
 def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = False,
@@ -235,14 +201,9 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
             collect_timing(staging).to_csv(staging / "summary.csv", index=False, float_format="%.6g")
             (staging / "summary.txt").write_text(render(staging, run))
             datasheet = datasheet or run.get("datasheet_hw")
-            comparison = hw_comparison(staging, datasheet) if compare else pd.DataFrame()
-            table = mape_table(comparison)
-            if len(comparison):
-                keep = ["hw_file", "hw_name", "source", "id", "metric", "regime", "measured", "predicted", "error_pct"]
-                comparison[keep].to_csv(staging / "hw_comparison.csv", index=False, float_format="%.6g")
             trace_match = []
             for rel in found["traces"]:   # against the bundled capture of the same model and dataset
-                reference = REPO_ROOT / "traces" / "data" / _dest_name(rel)
+                reference = DATA_DIR / _dest_name(rel)
                 if compare and (reference / "manifest.json").is_file():
                     table_match = compare_traces(staging / _dest_name(rel), reference)
                     name = _dest_name(rel).replace("/", "_") + "_vs_bundled.csv"
@@ -261,7 +222,6 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
                 "hw": found["hw"], "timing": [_dest_name(r) for r in found["timing"]],
                 "traces": [_dest_name(r) for r in found["traces"]], "left_out": found["skipped"],
                 "datasheet_hw": datasheet,
-                "mape": table.round(3).to_dict("records"),
                 "traces_vs_bundled": trace_match,
             }
             (staging / "index.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -279,20 +239,20 @@ def ingest(source: Path, dest: Path = DEFAULT_DEST, replace_existing: bool = Fal
     return index
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise IngestError(message)
-
-
 def main(argv=None) -> int:
-    parser = _Parser(prog="python -m traces.gpu.ingest",
+    return run(_main, argv)
+
+
+def _main(argv=None) -> int:
+    parser = OneLineParser(prog="python -m workflows.gpu.ingest",
                      description="Unpack a GPU run (RUN.tar.gz or run folder) into traces/data/h200/ for sim.validate.")
     parser.add_argument("source", type=Path, help="RUN.tar.gz, a folder holding exactly one, or a run folder")
     parser.add_argument("--dest", type=Path, default=DEFAULT_DEST, help=f"default {DEFAULT_DEST.relative_to(REPO_ROOT)}")
     parser.add_argument("--replace", action="store_true", help="replace an existing destination")
     parser.add_argument("--datasheet", default=None,
-                        help="hardware file to compare against (default: run.json's datasheet_hw, e.g. h200-sxm)")
-    parser.add_argument("--no-compare", action="store_true", help="skip the calibrated-vs-datasheet MAPE table")
+                        help="hardware file the calibrated one is to be compared against, recorded in the index "
+                             "(default: run.json's datasheet_hw, e.g. h200-sxm)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the comparison with the bundled traces")
     try:
         args = parser.parse_args(argv)
         index = ingest(args.source, args.dest, args.replace, args.datasheet, not args.no_compare)
@@ -304,12 +264,10 @@ def main(argv=None) -> int:
           f"hardware {', '.join(index['hw']) or 'none'}")
     for item in index["left_out"]:
         print(f"  left out: {item}")
-    if index["mape"]:
-        print(pd.DataFrame(index["mape"]).to_string(index=False))
     for match in index["traces_vs_bundled"]:
         print(f"{match['trace']} against {match['reference']}:")
         print(pd.DataFrame(match["rows"]).to_string(index=False))
-    print("next: python -m sim.validate   (it finds the timing folders under traces/data/)")
+    print("next: python -m sim.validate   (it finds the timing folders under traces/data/ and predicts them)")
     return 0
 
 

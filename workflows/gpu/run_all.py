@@ -1,10 +1,10 @@
-"""`python -m traces.gpu.run_all`: the one-command GPU run of issue 8 (calibration, decode latency under
+"""`python -m workflows.gpu.run_all`: the one-command GPU run of issue 8 (calibration, decode latency under
 eviction, real traces), inside a fixed time budget, leaving partial results at every point.
 
-    python -m traces.gpu.run_all                         # on a GPU: the full plan, 450 s budget
-    python -m traces.gpu.run_all --device cpu --tiny     # the same stages at tiny shapes (< 1 min on a CPU)
+    python -m workflows.gpu.run_all                         # on a GPU: the full plan, 450 s budget
+    python -m workflows.gpu.run_all --device cpu --tiny     # the same stages at tiny shapes (< 1 min on a CPU)
 
-Stages, each a project CLI in a child process with its own time limit (traces/gpu/stages.py):
+Stages, each a project CLI in a child process with its own time limit (workflows/gpu/stages.py):
   calibrate  python -m hwmodels.calibrate --device D       -> RUN/hw/<gpu>-calibrated.yaml
   timing     python -m traces.timing, one child per model: GPT-J-6B and MPT-7B shapes with random bf16 weights
              built on the GPU, full and keyformer at 0.2/0.5/1.0, batch 1 and 8, contexts 1024 and 4096, plus
@@ -35,8 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from traces.assets import REPO_ROOT, have_assets
-from traces.gpu.plan import DATASHEETS, STAGES, Plan, make_plan, write_timing_configs
-from traces.gpu.stages import StageInterrupted, StageResult, run_stage
+from workflows.gpu.plan import DATASHEETS, STAGES, Plan, make_plan, write_timing_configs
+from workflows.gpu.stages import StageInterrupted, StageResult, run_stage
 
 CARRY_ASSETS = REPO_ROOT / ".carry" / "assets"
 RUN_KIND = "kvsim-gpu-run"
@@ -53,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m traces.gpu.run_all",
+    p = _Parser(prog="python -m workflows.gpu.run_all",
                 description="Calibrate the GPU, time decode steps of GPT-J-6B/MPT-7B shapes under eviction, "
                             "capture stories260K traces; all inside one time budget.")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -252,7 +252,7 @@ def stage_capture(run: Run) -> None:
     missing = [("/".join(parts)) for parts in CAPTURE_ASSETS if not have_assets(*parts)]
     if missing:
         run.add(StageResult("capture", "skipped", reason=f"assets missing under {os.environ.get('KVSIM_ASSETS') or '../shared/assets'}: "
-                            f"{', '.join(missing)} (run traces/gpu/prepare_carry.sh and carry .carry)"))
+                            f"{', '.join(missing)} (run workflows/gpu/prepare_carry.sh and carry .carry)"))
         return
     argv = run.python("traces.capture", "--model", cap.model, "--dataset", cap.dataset, "--n", str(cap.n),
                       "--max-new-tokens", str(cap.max_new_tokens), "--cache-ratios",
@@ -266,7 +266,7 @@ def stage_capture(run: Run) -> None:
 def finish(run: Run) -> str:
     """summary.csv, summary.txt, the final run.json and pack. The results are on disk already: a summary
     that cannot be made (a bug meeting new data) is reported in summary.txt and must not cost the pack."""
-    from traces.gpu.summary import collect_timing, render
+    from workflows.gpu.summary import collect_timing, render
 
     run.record["wall_s"] = round(time.time() - run.started, 1)
     run.record["stages"] = [r.to_dict() for r in run.results]

@@ -1,9 +1,0 @@
-"""traces.gpu: the one-command GPU run of issue 8 and the step that brings its results home.
-
-    python -m traces.gpu.run_all                      # on the GPU machine (see traces/gpu/README.md)
-    python -m traces.gpu.run_all --device cpu --tiny  # every stage at tiny shapes, on a CPU
-    python -m traces.gpu.ingest RESULT.tar.gz         # unpack into traces/data/h200/ for sim.validate
-
-Modules: plan (what is measured, time caps), stages (child processes with limits), summary (CSV + printed
-table), run_all (the entry), ingest.
-"""
