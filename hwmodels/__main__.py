@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli import OneLineParser, fail
+from kvcommon.cli import OneLineParser, fail
+
 from .dtypes import DTYPES
 from .errors import HardwareFileError
 from .registry import list_devices, load_device

@@ -1,5 +1,5 @@
-"""Command-line plumbing of hwmodels' CLIs: the one kit of every kvsim CLI lives in kvcommon.cli (the bottom
-layer); re-exported here for hwmodels' users."""
+"""Deprecated home of the CLI kit: it lives in kvcommon.cli (the bottom layer). Re-exported here only until
+sim's last importers (progress_disabled) switch; hwmodels' own CLIs import kvcommon.cli."""
 from kvcommon.cli import (DefaultsHelpFormatter, OneLineParser, atomic_write_bytes, atomic_write_text,  # noqa: F401
                           atomic_writer, fail, progress_disabled)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy
 
-from ..cli import OneLineParser, fail, progress_disabled
+from kvcommon.cli import OneLineParser, fail, progress_disabled
+
 from ..errors import HardwareFileError
 from ..units import format_quantity
 from . import hostinfo

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from ..cli import atomic_writer
+from kvcommon.cli import atomic_writer
+
 from ..registry import load_device
 from ..schema import SCHEMA_VERSION
 from .fit import FitResult, table_document
