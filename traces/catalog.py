@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traces.assets import DATA_DIR
-from traces.schema import KIND as TRACE_KIND, QUALITY_DIR
-from traces.timing_format import KIND as TIMING_KIND
+from traces.schema import KIND as TRACE_KIND, QUALITY_DIR, TIMING_KIND
 
 QUALITY_FILE = "quality.csv"    # what traces.quality writes into a quality/ folder
 

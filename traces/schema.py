@@ -11,6 +11,7 @@ from kvcommon.variants import PolicyVariant
 
 SCHEMA_VERSION = 1
 KIND = "kvsim-trace"
+TIMING_KIND = "kvsim-timing"   # a traces.timing folder (traces/timing_format.py reads and writes them)
 
 MANIFEST = "manifest.json"
 KV = "kv.parquet"

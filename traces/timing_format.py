@@ -17,9 +17,11 @@ import pandas as pd
 
 from kvcommon.cli import atomic_write_text, atomic_writer
 from traces.assets import DATA_DIR, REPO_ROOT
+from traces.schema import TIMING_KIND
 
 SCHEMA_VERSION = 1
-KIND = "kvsim-timing"
+
+KIND = TIMING_KIND        # traces.schema: the kinds of bundled folders, defined once
 
 # One row per measured point. `kv_tokens` is what the simulator is fed: the mean number of tokens held per
 # (request, KV head), averaged over layers and the timed steps, read from the policy (not assumed).
