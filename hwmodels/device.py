@@ -1,4 +1,14 @@
-"""`Device`: one piece of hardware as the simulator sees it (values in base units)."""
+"""`Device`: one piece of hardware as the simulator sees it (values in base units).
+
+The contract the simulator relies on (sim.engine, sim.opcost; a test double provides the same):
+    name, memory_bytes, memory_bw, launch_overhead_s, host_overhead_s     figures (bytes, bytes/s, s)
+    peak_flops(dtype)                     dense peak FLOP/s of a dtype
+    bw_efficiency(nbytes)                 fraction of memory_bw reached by transfers of nbytes
+    compute_efficiency(flops)             fraction of peak reached by kernels of `flops` FLOPs
+    compute_equivalent_flops(flops, peak) the curve's size axis for a kernel at `peak` (identity: as given)
+    tables                                the optional calibrated tables, one `CalibratedTables`;
+                                          NEUTRAL (every one absent) for a datasheet file
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,6 +31,67 @@ FALLBACK = {
     "int8": ("bf16", "fp16", "fp32"),
     "int4": ("int8", "fp8", "bf16", "fp16", "fp32"),
 }
+
+
+@dataclass(frozen=True)
+class CalibratedTables:
+    """The optional tables and figures a calibrated device file adds (hwmodels.calibrate), with neutral
+    defaults: absent (None), each leaves the roofline as it is. Weight GEMMs then have no skinny-GEMM
+    limit (a streaming kernel may run them instead), attention's GEMVs over the KV cache and copies into
+    fresh tensors stream like any op (factor 1), and eager code pays launch_overhead_s per call."""
+    # token rows of a weight GEMM -> fraction of peak FLOP/s (the measured skinny-GEMM rate)
+    gemm_rows_curve: object = None
+    # head width -> fraction of the streaming rate that eager attention's batched GEMVs over the KV cache
+    # reach: q @ K^T (scores) and p @ V (values)
+    attn_scores_curve: object = None
+    attn_values_curve: object = None
+    # per top-level call of eager model code (nn.Module machinery, output allocation, nested aten calls,
+    # Python between calls): what eager profiles charge per launch
+    eager_call_overhead_s: float | None = None
+    # what the eager calls around one streamed weight GEMV lose (their code and data were evicted by the
+    # stream): eager profiles charge it per weight-GEMM launch
+    eager_weight_switch_s: float | None = None
+    # bytes of a newly allocated tensor -> fraction of the copy rate into an existing buffer that filling
+    # it reaches (a CPU allocator maps fresh pages above its mmap threshold)
+    fresh_alloc_curve: object = None
+
+    def gemm_rows_efficiency(self, rows):
+        """Achievable fraction of peak FLOP/s of a weight GEMM with `rows` token rows (array in,
+        array out), or None without a `gemm_rows_efficiency` table.
+
+        Few-row GEMMs (decode at batch 2..64) do not reach the square-GEMM rate: a CPU BLAS runs
+        them with narrow micro-kernels that are neither streaming (GEMV) nor register-blocked
+        (GEMM). The table is measured on model-sized weights (hwmodels.calibrate, skinny series)."""
+        if self.gemm_rows_curve is None:
+            return None
+        return self.gemm_rows_curve(rows)
+
+    def attn_scores_factor(self, head_dim):
+        """Fraction of the streaming rate (memory_bw x bw_efficiency) that q @ K^T over a KV cache
+        of heads `head_dim` wide reaches (interpolated over head width, held beyond the table's
+        ends); 1.0 without an `attn_scores_efficiency` table.
+
+        Eager attention multiplies one query row per KV head by K^T: a batched GEMV whose inner
+        loop is only head_dim long, which on a CPU streams K slower than a weight GEMV streams W."""
+        return _factor(self.attn_scores_curve, head_dim)
+
+    def attn_values_factor(self, head_dim):
+        """The same as attn_scores_factor for p @ V (`attn_values_efficiency`)."""
+        return _factor(self.attn_values_curve, head_dim)
+
+    def fresh_alloc_factor(self, nbytes):
+        """Fraction of its streaming rate that a copy into a newly allocated tensor of `nbytes` bytes
+        reaches (array in, array out; at most 1); 1.0 without a `fresh_alloc_efficiency` table.
+
+        Eager code that grows or reorders a cache (torch.cat, index_select, repeat_kv) allocates its
+        output every call. glibc serves allocations above its mmap threshold (at most 32 MiB) with
+        fresh pages that fault and are zeroed on first write; a GPU caching allocator reuses blocks.
+        (The table's fractions are in (0, 1]: the schema checks them.)"""
+        return _factor(self.fresh_alloc_curve, nbytes)
+
+
+NEUTRAL = CalibratedTables()
+TABLE_FIELDS = tuple(CalibratedTables.__dataclass_fields__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,10 +132,15 @@ class Device:
     # bytes of a newly allocated tensor -> fraction of the copy rate into an existing buffer that filling
     # it reaches (a CPU allocator maps fresh pages above its mmap threshold); None: no allocation cost
     fresh_alloc_curve: object = None
+    # the six fields above as one object (what the simulator reads); NEUTRAL when the file has none
+    tables: CalibratedTables = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        given = {name: getattr(self, name) for name in TABLE_FIELDS}
+        object.__setattr__(self, "tables", CalibratedTables(**given) if any(v is not None for v in given.values())
+                           else NEUTRAL)
 
     def __eq__(self, other):
         return isinstance(other, Device) and other.content_hash == self.content_hash
@@ -118,39 +194,18 @@ class Device:
             return self.compute_curve(flops)
         return self.compute_curve(self.compute_equivalent_flops(flops, self.peak_flops(dtype)))
 
+    # the calibrated tables' lookups, on the device as before (the simulator reads them through `tables`)
     def gemm_rows_efficiency(self, rows):
-        """Achievable fraction of peak FLOP/s of a weight GEMM with `rows` token rows (array in,
-        array out), or None when the file has no `gemm_rows_efficiency` table.
-
-        Few-row GEMMs (decode at batch 2..64) do not reach the square-GEMM rate: a CPU BLAS runs
-        them with narrow micro-kernels that are neither streaming (GEMV) nor register-blocked
-        (GEMM). The table is measured on model-sized weights (hwmodels.calibrate, skinny series)."""
-        if self.gemm_rows_curve is None:
-            return None
-        return self.gemm_rows_curve(rows)
+        return self.tables.gemm_rows_efficiency(rows)
 
     def attn_scores_factor(self, head_dim):
-        """Fraction of the streaming rate (memory_bw x bw_efficiency) that q @ K^T over a KV cache
-        of heads `head_dim` wide reaches (interpolated over head width, held beyond the table's
-        ends); 1.0 when the file has no `attn_scores_efficiency` table.
-
-        Eager attention multiplies one query row per KV head by K^T: a batched GEMV whose inner
-        loop is only head_dim long, which on a CPU streams K slower than a weight GEMV streams W."""
-        return _factor(self.attn_scores_curve, head_dim)
+        return self.tables.attn_scores_factor(head_dim)
 
     def attn_values_factor(self, head_dim):
-        """The same as attn_scores_factor for p @ V (`attn_values_efficiency`)."""
-        return _factor(self.attn_values_curve, head_dim)
+        return self.tables.attn_values_factor(head_dim)
 
     def fresh_alloc_factor(self, nbytes):
-        """Fraction of its streaming rate that a copy into a newly allocated tensor of `nbytes` bytes
-        reaches (array in, array out; at most 1); 1.0 when the file has no `fresh_alloc_efficiency`.
-
-        Eager code that grows or reorders a cache (torch.cat, index_select, repeat_kv) allocates its
-        output every call. glibc serves allocations above its mmap threshold (at most 32 MiB) with
-        fresh pages that fault and are zeroed on first write; a GPU caching allocator reuses blocks.
-        (The table's fractions are in (0, 1]: the schema checks them.)"""
-        return _factor(self.fresh_alloc_curve, nbytes)
+        return self.tables.fresh_alloc_factor(nbytes)
 
     def to_dict(self) -> dict:
         """JSON-ready summary in base units (bytes, bytes/s, FLOP/s, seconds)."""

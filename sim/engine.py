@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hwmodels.device import NEUTRAL
 from hwmodels.dtypes import canonical_dtype, dtype_bytes
 from sim import capacity, kvlen, policies
 from sim.models import ModelSpec, load_model
@@ -115,7 +116,7 @@ def launch_seconds(hw, profile: Profile) -> float:
     the file has one; everything else pays launch_overhead_s (a bare dispatch / kernel launch)."""
     if profile.launch_overhead_s is not None:       # an engine profile's own (fitted) launch cost
         return float(profile.launch_overhead_s)
-    eager_call = getattr(hw, "eager_call_overhead_s", None) if profile.eager else None
+    eager_call = hw.tables.eager_call_overhead_s if profile.eager else None
     return hw.launch_overhead_s if eager_call is None else eager_call
 
 
@@ -123,7 +124,7 @@ def switch_seconds(hw, profile: Profile) -> float:
     """Extra time per weight-GEMM launch of an eager profile: on a CPU the stream of a weight evicts the
     dispatcher's code and data, and the eager calls that follow refill them (hwmodels.calibrate's
     eager_stream benchmark). Fused profiles and devices without the figure: 0."""
-    switch = getattr(hw, "eager_weight_switch_s", None) if profile.eager else None
+    switch = hw.tables.eager_weight_switch_s if profile.eager else None
     return 0.0 if switch is None else float(switch)
 
 
@@ -134,9 +135,9 @@ def streams_weights(op: Op) -> bool:
 
 def _attn_factors(hw, head_dim) -> dict:
     """Setup fields of the KV-stream factors, looked up once per setup (step_time_scalar is a DES hot
-    path). Devices without the methods (test doubles) stream the cache like any op."""
-    factor = lambda name: float(getattr(hw, name, lambda d: 1.0)(head_dim))
-    return {"attn_scores_factor": factor("attn_scores_factor"), "attn_values_factor": factor("attn_values_factor")}
+    path); 1.0 (the cache streams like any op) on devices without the tables."""
+    return {"attn_scores_factor": float(hw.tables.attn_scores_factor(head_dim)),
+            "attn_values_factor": float(hw.tables.attn_values_factor(head_dim))}
 
 
 def make_ctx(s: Setup, phase, batch, beams, new_tokens, past_tokens, cache_ratio=1.0, recent_ratio=0.3,
@@ -181,7 +182,7 @@ def _stream_factors(s: Setup, ops) -> list | None:
     the rest), or None when every factor is 1 (devices without those tables: nothing to do). Factors
     are in (0, 1], so they only slow ops down: the bytes / bandwidth floor still holds."""
     attention = not (s.attn_scores_factor == 1.0 and s.attn_values_factor == 1.0)
-    fresh = getattr(s.hw, "fresh_alloc_curve", None) is not None and any(
+    fresh = s.hw.tables.fresh_alloc_curve is not None and any(
         op.fresh_tensor_bytes is not None for op in ops)
     own = any(op.bw_scale is not None for op in ops)
     if not attention and not fresh and not own:
@@ -191,7 +192,7 @@ def _stream_factors(s: Setup, ops) -> list | None:
     for op in ops:
         factor = by_kind.get(op.kv_stream, 1.0)
         if fresh and op.fresh_tensor_bytes is not None:
-            factor = factor * s.hw.fresh_alloc_factor(np.maximum(op.fresh_tensor_bytes, 1.0))
+            factor = factor * s.hw.tables.fresh_alloc_factor(np.maximum(op.fresh_tensor_bytes, 1.0))
         if op.bw_scale is not None:
             factor = factor * op.bw_scale
         factors.append(factor)
@@ -361,12 +362,22 @@ def max_batch_all_at_once(hw, model, prompt, gen, *, policy="full", cache_ratio=
 
 
 class _NoDevice:
-    """Stands in for a device where only memory is computed (no timing)."""
+    """Stands in for a device where only memory is computed (no timing): the Device contract with unit
+    figures and no calibrated tables."""
     name, memory_bytes, memory_bw, launch_overhead_s, host_overhead_s = "none", math.inf, 1.0, 0.0, 0.0
+    tables = NEUTRAL
 
     @staticmethod
     def peak_flops(dtype):
         return 1.0
+
+    @staticmethod
+    def compute_efficiency(flops):
+        return np.ones(np.shape(flops))
+
+    @staticmethod
+    def compute_equivalent_flops(flops, peak):
+        return flops
 
 
 _NO_DEVICE = _NoDevice()

@@ -6,7 +6,7 @@
 
 Reads the CSV (sim/validation/published_gpu.py: default `../shared/data/gpu-published-train.csv`, or
 KVSIM_DATA), keeps the single-device rows (tp = 1; multi-GPU rows are out of scope for the one-device
-model and are listed as excluded), and fits the terms of sim/profile_engines.py (TERMS: a handful, each
+model and are listed as excluded), and fits the terms of sim/profiles/engines.py (TERMS: a handful, each
 bounded to a physical range, shared by every device) by bounded robust least squares (soft-L1) on
 log(predicted / measured), from the priors and a few attention-rate starts. Every row is predicted through the engine as it is now, so the
 fit is re-run on top of whatever the engine's op costs are (the file records the fit's date and the
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sim import profile_engines as pe
+from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
 
 DEFAULT_OUT = pe.FIT_FILE
@@ -213,7 +213,7 @@ def write_document(doc: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     header = ("# Engine profiles fitted to published GPU measurements: written by python -m sim.fit_profiles\n"
-              "# (do not edit by hand; re-run the command in `fit.command`). Terms: sim/profile_engines.py.\n")
+              "# (do not edit by hand; re-run the command in `fit.command`). Terms: sim/profiles/engines.py.\n")
     tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
     os.replace(tmp, out)
 

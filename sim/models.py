@@ -37,7 +37,7 @@ class ModelSpec:
     source: str = ""
     # the config's sliding attention window (Mistral-7B-v0.1: 4096); None when absent or null. sim.kvlen
     # caps the KV held by the `sliding_layers` below at it; engine profiles read it too (a cyclic KV cache
-    # changes which decode-attention kernel an engine runs, sim/profile_engines.py)
+    # changes which decode-attention kernel an engine runs, sim/profiles/engines.py)
     sliding_window: int | None = None
     # the layers that keep only the last `sliding_window` tokens (sim.kvlen caps their KV there): every layer
     # of Mistral with a window, Qwen2's from max_window_layers on with use_sliding_window, or the config's

@@ -82,9 +82,8 @@ class OpContext:
 def adjust(ctx: OpContext, ops: list[Op]) -> list[Op]:
     """An engine profile's rates for these ops (Profile.adjust_ops sets Op.compute_eff / compute_scale /
     bw_scale in place); other profiles: unchanged."""
-    hook = getattr(ctx.profile, "adjust_ops", None)
-    if hook is not None:
-        hook(ctx, ops)
+    if ctx.profile.adjust_ops is not None:
+        ctx.profile.adjust_ops(ctx, ops)
     return ops
 
 

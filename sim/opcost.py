@@ -33,18 +33,17 @@ def compute_efficiency(hw, flops, peak):
 
     A device whose curve names a reference dtype reads it at the same time-at-peak
     (hwmodels Device.compute_equivalent_flops): an fp32 GEMM on an A100 is looked up as the
-    bf16 kernel that takes as long at peak, not as a 16x larger one. Devices without the
-    method (test doubles) use FLOPs as given."""
-    equiv = getattr(hw, "compute_equivalent_flops", None)
-    return hw.compute_efficiency(flops if equiv is None else np.maximum(equiv(flops, peak), 1.0))
+    bf16 kernel that takes as long at peak, not as a 16x larger one; other devices return FLOPs
+    as given."""
+    return hw.compute_efficiency(np.maximum(hw.compute_equivalent_flops(flops, peak), 1.0))
 
 
 def stream_flops(hw) -> float:
     """FLOP/s of the streaming kernel a GEMM-class op may run as instead of a tiled GEMM: the device's
     fp32 (non-matrix) peak at its compute plateau (the efficiency of an arbitrarily large kernel). 0.0
     (no such alternative) on devices with a measured skinny-GEMM table (gemm_rows_efficiency)."""
-    if getattr(hw, "gemm_rows_curve", None) is not None or not hasattr(hw, "compute_efficiency"):
-        return 0.0          # (or a stand-in device that only sizes memory)
+    if hw.tables.gemm_rows_curve is not None:
+        return 0.0
     peak = float(hw.peak_flops(STREAM_DTYPE))
     plateau = float(np.asarray(compute_efficiency(hw, np.array([1e30]), peak)).ravel()[0])
     return peak * plateau
@@ -52,12 +51,13 @@ def stream_flops(hw) -> float:
 
 def gemm_rows_limit(hw, ops, eff):
     """Cap the compute efficiency of weight GEMMs at the device's skinny-GEMM fraction for their
-    token-row count (hwmodels Device.gemm_rows_efficiency; devices without that table: unchanged).
+    token-row count (hwmodels CalibratedTables.gemm_rows_efficiency; devices without that table:
+    unchanged).
 
     `eff` is (n_ops, *shape); an op's rows may be scalar or broadcast to the trailing shape."""
-    rows_eff = getattr(hw, "gemm_rows_efficiency", None)
-    if rows_eff is None or getattr(hw, "gemm_rows_curve", None) is None:
+    if hw.tables.gemm_rows_curve is None:
         return eff
+    rows_eff = hw.tables.gemm_rows_efficiency
     eff = np.array(eff, dtype=float, copy=True)
     for i, op in enumerate(ops):
         if op.gemm and op.rows is not None:

@@ -3,7 +3,7 @@
 Every quantity is a plain expression over the `OpContext` fields, so one code path serves a single
 point (Python floats) and millions of points (numpy arrays broadcast over points, decode steps and,
 with a trace, layers). An `Op` is per occurrence: `per_layer` ops run once per layer, the others once
-per step. Profiles (sim/profiles.py) set kernel launches and may add their own operators.
+per step. Profiles (sim/profiles/) set kernel launches and may add their own operators.
 """
 from __future__ import annotations
 

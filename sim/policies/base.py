@@ -43,7 +43,7 @@ class SimPolicy:
     # keeps an accumulated attention score per kept token (fp32, per KV head and layer)
     scored: ClassVar[bool] = False
     # the policy's score path in eager code, per stack ("kvsim": keyformer/, "hf": the paper's MPT code):
-    # kernels and passes over the fp32 score tensor (sim/profile_hf_eager.policy_eager_ops reads them)
+    # kernels and passes over the fp32 score tensor (sim/profiles/eager.policy_eager_ops reads them)
     eager_paths: ClassVar[Mapping[str, Mapping[str, float]]] = {}
 
     # --- KV lengths ---

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from hwmodels.device import NEUTRAL, CalibratedTables
+
 
 @dataclass(frozen=True)
 class ToyDevice:
@@ -22,6 +24,7 @@ class ToyDevice:
     host_overhead_s: float = 30e-6
     content_hash: str = "toy"
     source_path: str = "<memory>"
+    tables: CalibratedTables = NEUTRAL      # no calibrated tables: a datasheet device
 
     def peak_flops(self, dtype: str) -> float:
         return {"fp32": self.flops_bf16 / 16, "fp8": 2 * self.flops_bf16, "int8": 2 * self.flops_bf16,
@@ -33,6 +36,9 @@ class ToyDevice:
 
     def compute_efficiency(self, flops):
         return np.clip(0.8 * np.sqrt(np.asarray(flops, float) / 1e10), 0.01, 0.8)
+
+    def compute_equivalent_flops(self, flops, peak):
+        return flops                        # the curve's sizes are FLOPs as given
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from sim import engine, fit_profiles, profile_engines as pe, validate
+from sim import engine, fit_profiles, validate
+from sim.profiles import engines as pe
 from sim.profiles import get_profile
 from sim.validation import published_gpu as pg
 from sim.validation import published_report

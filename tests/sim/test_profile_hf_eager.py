@@ -1,4 +1,4 @@
-"""The eager software-stack profiles (sim/profile_hf_eager.py): explicit operators with the bytes the code
+"""The eager software-stack profiles (sim/profiles/hf_eager.py, kvsim_eager.py): explicit operators with the bytes the code
 moves, selectable by name everywhere a profile is (engine, sim.predict CLI)."""
 from __future__ import annotations
 

@@ -13,7 +13,7 @@
   - greedy         argmax of the last position's logits (logits_to_keep=1: the LM head runs on one
                    position, at prefill too); no beam reorder;
   - eager_glue     the modeling code's own elementwise kernels (norm internals, RoPE, activation,
-                   residual adds), as hf-eager counts them (sim/profile_hf_eager.GLUE);
+                   residual adds), as hf-eager counts them (sim/profiles/eager.GLUE);
   - generate_step  the per-step work of generate() outside the layers (embedding, rotary tables, cache
                    position, logits processors, argmax, stopping criteria, input-id and mask growth):
                    HF_STEP_LAUNCHES top-level calls (counted, see below).
@@ -23,9 +23,9 @@ No fitted term: the profile is operators and counts; its CPU check is `traces.ti
 """
 from __future__ import annotations
 
-from sim.ops import Op, OpContext
-from sim.profile_hf_eager import EAGER_LAUNCHES, _kv_bytes, _keys, eager_glue
-from sim.profiles import Profile, register_profile
+from sim.op import Op, OpContext
+from sim.profiles.base import Profile, register_profile
+from sim.profiles.eager import EAGER_LAUNCHES, eager_glue, held_keys, kv_bytes
 
 # Top-level aten calls of one greedy generate() step (aten ops without an aten parent), counted with
 # torch.profiler on 2- and 4-layer tiny random models (hidden 64; never a validation shape; transformers
@@ -42,11 +42,11 @@ SDPA_LAUNCHES = {**EAGER_LAUNCHES, "attn_scores": 1, "softmax": 0, "attn_v": 0, 
 
 def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
     m = ctx.model
-    past, keys = ctx.past_tokens, _keys(ctx)
+    past, keys = ctx.past_tokens, held_keys(ctx)
     return [
         # DynamicLayer.update: torch.cat for K and V of every layer; the outputs are new tensors
-        Op("cache_concat", True, kv_read_bytes=_kv_bytes(ctx, past), kv_write_bytes=_kv_bytes(ctx, keys),
-           launches=2, fresh_tensor_bytes=_kv_bytes(ctx, keys) / 2),
+        Op("cache_concat", True, kv_read_bytes=kv_bytes(ctx, past), kv_write_bytes=kv_bytes(ctx, keys),
+           launches=2, fresh_tensor_bytes=kv_bytes(ctx, keys) / 2),
         eager_glue(ctx, HF_GLUE_LAUNCHES.get(m.model_type)),
         Op("generate_step", False, act_bytes=ctx.rows * m.d_model * ctx.ab,
            launches=HF_STEP_LAUNCHES.get(m.model_type, HF_DEFAULT_STEP_LAUNCHES)),
@@ -57,11 +57,11 @@ def hf_sdpa_prefill_ops(ctx: OpContext) -> list[Op]:
     return [eager_glue(ctx, HF_GLUE_LAUNCHES.get(ctx.model.model_type))]
 
 
-HF = register_profile(Profile(
+PROFILE = HF = register_profile(Profile(
     name="hf",
     description="Hugging Face transformers defaults (5.x): SDPA attention (fused, native GQA: no repeat_kv), "
                 "DynamicCache growth by torch.cat per layer per step, greedy decoding, eager glue kernels "
-                "(sim/profile_hf.py)",
+                "(sim/profiles/hf.py)",
     launches=SDPA_LAUNCHES,
     materialise_scores=False,
     prefill_chunk_tokens=None,

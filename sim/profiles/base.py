@@ -1,8 +1,8 @@
-"""Software-stack profiles: the same chip runs different code.
+"""What a software-stack profile is (`Profile`) and the registry the profile modules add themselves to.
 
 A `Profile` says how many kernels each core operator launches, whether attention scores go through
 memory, how much activation workspace a prefill holds, and may add operators of its own through two
-hooks that receive the pass's `sim.ops.OpContext` and return `sim.ops.Op` rows:
+hooks that receive the pass's `sim.op.OpContext` and return `sim.op.Op` rows:
 
     def extra_decode_ops(ctx) -> list[Op]     # e.g. cache concatenation copies, beam reordering
     def extra_prefill_ops(ctx) -> list[Op]    # e.g. fp32 upcasts, n x n mask materialisation
@@ -10,9 +10,6 @@ hooks that receive the pass's `sim.ops.OpContext` and return `sim.ops.Op` rows:
 
 OpContext fields may be numpy arrays (one value per design point, decode step and, with a trace, layer):
 write hooks as plain arithmetic on them, as sim/ops.py does.
-
-Another module registers its profile with `register_profile(Profile(...))`; the engine needs no change.
-`fused` (the default) is ideal kernels: one pass over the weights and the kept KV per step.
 """
 from __future__ import annotations
 
@@ -40,14 +37,14 @@ class Profile:
     # eager_call_overhead_s (allocation, nested aten calls, nn.Module machinery, Python between calls)
     # where the hardware file has it, else launch_overhead_s like any kernel launch
     eager: bool = False
-    # engine profiles (sim/profile_engines.py): the engine's own per-step and per-launch overheads in place
+    # engine profiles (sim/profiles/engines.py): the engine's own per-step and per-launch overheads in place
     # of the device file's assumptions (None: the device's), and adjust_ops(ctx, ops), which sets an op's
     # Op.compute_eff / compute_scale / bw_scale (the engine's kernel rates; factors in (0, 1])
     host_overhead_s: float | None = None
     launch_overhead_s: float | None = None
     adjust_ops: Callable | None = None
     # decode: the attention kernel accumulates the H2O/Keyformer scores from its own softmax (no pass of
-    # its own over the probabilities; sim.ops.policy_decode_ops)
+    # its own over the probabilities; sim.policies.scored.ScoredPolicy.decode_ops)
     score_in_attention: bool = False
 
     def __post_init__(self):
@@ -74,38 +71,3 @@ PROFILES: dict[str, Profile] = {}
 def register_profile(profile: Profile) -> Profile:
     PROFILES[profile.name] = profile
     return profile
-
-
-def get_profile(name_or_profile) -> Profile:
-    if isinstance(name_or_profile, Profile):
-        return name_or_profile
-    if name_or_profile not in PROFILES:
-        _load_plugins()
-    try:
-        return PROFILES[name_or_profile]
-    except KeyError:
-        raise ValueError(f"unknown profile {name_or_profile!r}; registered: {', '.join(sorted(PROFILES))}") from None
-
-
-def _load_plugins():
-    """Profiles shipped in other sim modules register themselves on import (e.g. hf-eager)."""
-    import importlib
-    for module in ("sim.profile_hf_eager", "sim.profile_engines", "sim.profile_hf"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:      # the plugin exists but is broken: say so
-                raise
-
-
-register_profile(Profile(
-    name="fused",
-    description="ideal fused kernels (vLLM/TensorRT-LLM class): one flash-attention kernel per layer "
-                "(scores, softmax and attn x V on chip; in decode it also accumulates the H2O/Keyformer scores), "
-                "one selection kernel per layer, fused gate+up MLP, logits for the last token only, "
-                "prefill activations bounded by 8192-token chunks",
-    launches={"embed": 1, "norms": 2, "qkv_proj": 1, "kv_write": 1, "attn_scores": 1, "softmax": 0, "attn_v": 0,
-              "out_proj": 1, "mlp": 2, "final_norm": 1, "lm_head": 1, "score_update": 1, "select_evict": 1,
-              "select_topk": 1, "compact": 1},
-    score_in_attention=True,
-))
