@@ -115,8 +115,8 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
     and the launches per op; fused ops' compute and memory seconds are moved to their kernel's row (so
     sums over ops are unchanged) and their kernel seconds are 0.
 
-    `s` is a sim.engine.Setup (peaks may be per-point arrays); `flops` and `nbytes` are per occurrence;
-    `factors` the per-op streaming factors (sim.engine._stream_factors, None when all 1); `hosts`
+    `s` is a sim.engine.setup.Setup (peaks may be per-point arrays); `flops` and `nbytes` are per occurrence;
+    `factors` the per-op streaming factors (sim.engine.timing.stream_factors, None when all 1); `hosts`
     kernel_hosts(ops), passed when the caller has it."""
     hw, n_ops = s.hw, len(ops)
     extra = (1,) * (np.ndim(flops) - 1)

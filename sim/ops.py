@@ -8,7 +8,7 @@ per step. Profiles (sim/profiles/) set kernel launches and may add their own ope
 from __future__ import annotations
 
 from sim import policies
-from sim.op import BYTE_FIELDS, FIELDS, NORM_FLOPS, SCORE_BYTES, SOFTMAX_FLOPS, Op, OpContext
+from sim.op import BYTE_FIELDS, FIELDS, NORM_FLOPS, SCORE_BYTES, SOFTMAX_FLOPS, Op, OpContext  # noqa: F401 (re-exported)
 from sim.op import adjust as _adjust
 from sim.op import launch_count as _launch
 

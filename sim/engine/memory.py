@@ -1,0 +1,69 @@
+"""Memory and capacity by name: peak device memory and the largest batch that fits (the rules are
+sim.capacity's, on a resolved Setup)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hwmodels.device import NEUTRAL
+from sim import capacity, kvlen
+from sim.engine.setup import make_setup
+
+MAX_BATCH_LIMIT = capacity.MAX_BATCH_LIMIT
+
+
+def memory_bytes(model, batch, kv_tokens, *, prompt, beams=1, kv_dtype="bf16", weight_dtype="bf16",
+                 policy="full", profile="fused", hw=None):
+    """Peak device memory: weights + KV (rows x kv_tokens) + score state + prefill workspace + logits
+    (+ the profile's own buffers). `kv_tokens` is the most tokens a KV head holds at once
+    (sim.kvlen.peak_kv_tokens). `hw` only matters to profiles whose buffers depend on the device."""
+    s = make_setup(hw if hw is not None else NO_DEVICE, model, policy, weight_dtype, kv_dtype, profile)
+    rows = np.asarray(batch, float) * np.asarray(beams, float)
+    return capacity.memory(s, rows, np.asarray(kv_tokens, float), np.asarray(prompt, float))
+
+
+def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
+              weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
+    """Largest batch (requests) in the steady state of continuous batching: only the requests being
+    prefilled hold their whole prompt, the others what they keep (sim.capacity); 0 when not even one
+    request fits. `kv_peak_tokens` only matters to stacks without continuous batching."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    n = np.asarray(prompt, float)
+    peak = (kvlen.peak_kv_tokens(s.policy, n, gen, cache_ratio, model=s.model) if kv_peak_tokens is None
+            else np.asarray(kv_peak_tokens, float))
+    return capacity.max_batch_steady(s, n, np.asarray(beams, float), peak, kvlen.windowed(s.model, n),
+                                     kvlen.steady_kv_tokens(s.policy, n, gen, cache_ratio, model=s.model))
+
+
+def max_batch_all_at_once(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
+                          weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
+    """Largest batch (requests) whose peak memory fits with every request at its peak at once (a static
+    batch, or a server reserving each request's peak); 0 when not even one fits."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    peak_tokens = (kvlen.peak_kv_tokens(policy, prompt, gen, cache_ratio, model=s.model) if kv_peak_tokens is None
+                   else np.asarray(kv_peak_tokens, float))
+    return capacity.max_batch_all_at_once(s, np.asarray(prompt, float), np.asarray(beams, float), peak_tokens)
+
+
+class NoDevice:
+    """Stands in for a device where only memory is computed (no timing): the Device contract with unit
+    figures and no calibrated tables."""
+    name, memory_bytes, memory_bw, launch_overhead_s, host_overhead_s = "none", math.inf, 1.0, 0.0, 0.0
+    tables = NEUTRAL
+
+    @staticmethod
+    def peak_flops(dtype):
+        return 1.0
+
+    @staticmethod
+    def compute_efficiency(flops):
+        return np.ones(np.shape(flops))
+
+    @staticmethod
+    def compute_equivalent_flops(flops, peak):
+        return flops
+
+
+NO_DEVICE = NoDevice()
+

@@ -1,0 +1,125 @@
+"""Timing a list of operators: the roofline of sim.opcost plus launches, per op (`time_ops`, arrays over
+points, decode steps and layers) or summed to one step (`step_time_scalar`, the DES hot path). Both go
+through `kernel_seconds`, the one formula; they differ only in how they gather the ops' numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engine.setup import Setup
+from sim.op import BYTE_FIELDS, FIELDS, Op
+from sim.opcost import op_costs
+
+
+def streams_weights(op: Op) -> bool:
+    """A GEMM over the model's weights (each of its launches streams one weight matrix)."""
+    return op.gemm and bool(np.any(np.asarray(op.weight_bytes) > 0))
+
+
+
+
+def stack(values) -> np.ndarray:
+    """(n_ops, *broadcast shape) float array from scalars and/or arrays."""
+    if all(isinstance(v, (int, float)) for v in values):
+        return np.array(values, dtype=float)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in values))
+    out = np.empty((len(values), *shape))
+    for i, v in enumerate(values):
+        out[i] = v                                  # broadcasting assignment: no temporaries
+    return out
+
+
+@dataclass
+class TimedOps:
+    """Per-op arrays (n_ops, *shape): totals over the layers of one step, and the step time."""
+    names: list
+    fields: dict          # FIELDS -> (n_ops, *shape), summed over layers
+    t_compute: np.ndarray
+    t_memory: np.ndarray
+    time: np.ndarray      # per op, including launch overhead
+    step_time: np.ndarray  # (*shape): sum over ops + host overhead
+    # per op, the op whose kernel it runs inside (Op.fused_into; its seconds are on that op's row), or None
+    inside: list | None = None
+
+
+def stream_factors(s: Setup, ops) -> list | None:
+    """Per op, the factor its streaming efficiency is multiplied by: the attention tables' factor for
+    Op.kv_stream, times the fresh-allocation factor at Op.fresh_tensor_bytes (scalars or arrays; 1.0 for
+    the rest), or None when every factor is 1 (devices without those tables: nothing to do). Factors
+    are in (0, 1], so they only slow ops down: the bytes / bandwidth floor still holds."""
+    attention = not (s.attn_scores_factor == 1.0 and s.attn_values_factor == 1.0)
+    fresh = s.hw.tables.fresh_alloc_curve is not None and any(
+        op.fresh_tensor_bytes is not None for op in ops)
+    own = any(op.bw_scale is not None for op in ops)
+    if not attention and not fresh and not own:
+        return None
+    by_kind = {"scores": s.attn_scores_factor, "values": s.attn_values_factor}
+    factors = []
+    for op in ops:
+        factor = by_kind.get(op.kv_stream, 1.0)
+        if fresh and op.fresh_tensor_bytes is not None:
+            factor = factor * s.hw.tables.fresh_alloc_factor(np.maximum(op.fresh_tensor_bytes, 1.0))
+        if op.bw_scale is not None:
+            factor = factor * op.bw_scale
+        factors.append(factor)
+    return factors
+
+
+def launch_costs(s: Setup, ops) -> list | None:
+    """Per op, seconds per launch: launch_s, plus switch_s for GEMMs over weights (eager profiles on
+    devices with eager_weight_switch_s); None when that is launch_s for every op."""
+    if not s.switch_s:
+        return None
+    return [s.launch_s + s.switch_s * streams_weights(op) for op in ops]
+
+
+def kernel_seconds(s: Setup, ops: list[Op], flops, nbytes, extra=()):
+    """The one formula of an operator's time, per occurrence (arrays (n_ops, *shape)): its kernel's roofline
+    seconds (sim.opcost.op_costs: compute vs bytes at the streaming rate, times the ops' stream factors)
+    plus its launches times the seconds per launch; also its compute and memory seconds. `extra` is the
+    trailing shape of ones that per-op columns broadcast with (() for 1-D scalar ops)."""
+    factors = stream_factors(s, ops)
+    if factors is not None:
+        stacked = stack(factors)
+        factors = stacked.reshape(-1, *extra) if stacked.ndim == 1 else stacked
+    t_compute, t_memory, t_kernel, launches = op_costs(s, ops, flops, nbytes, factors)
+    costs = launch_costs(s, ops)
+    per_launch = s.launch_s if costs is None else np.array(costs).reshape(-1, *extra)
+    return t_compute, t_memory, t_kernel + launches * per_launch
+
+
+def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
+    """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
+
+    `keep` names the FLOP/byte columns to return (sweeps skip the ones no output needs)."""
+    n_layers = s.model.n_layers
+    flops = stack([op.flops for op in ops])
+    byte_parts = {f: stack([getattr(op, f) for op in ops]) for f in BYTE_FIELDS}
+    nbytes = sum(byte_parts[f] for f in BYTE_FIELDS)
+    flops, nbytes = np.broadcast_arrays(flops, nbytes)
+    extra = (1,) * (flops.ndim - 1)
+    # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
+    mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
+    t_compute, t_memory, per_occurrence = kernel_seconds(s, ops, flops, nbytes, extra)
+    per_op = per_occurrence * mult
+    parts = {"flops": flops, **byte_parts}
+    fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
+    t_compute, t_memory = t_compute * mult, t_memory * mult
+    if layer_slots > 1:   # collapse the layer axis: totals over the step
+        per_op, t_compute, t_memory = per_op.sum(-1), t_compute.sum(-1), t_memory.sum(-1)
+        fields = {f: v.sum(-1) for f, v in fields.items()}
+    return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s,
+                    [op.fused_into for op in ops])
+
+
+def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
+    """time_ops(...).step_time for scalar ops by the same formula (kernel_seconds) on 1-D arrays: the DES
+    hot path gathers a dozen ops' numbers without the broadcasting machinery."""
+    flops = np.array([float(op.flops) for op in ops])
+    nbytes = np.array([float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops])
+    _tc, _tm, per_occurrence = kernel_seconds(s, ops, flops, nbytes)
+    n_layers = s.model.n_layers
+    total = float(np.dot(per_occurrence, [n_layers if op.per_layer else 1.0 for op in ops]))
+    return total + (s.host_s if host else 0.0)
