@@ -10,10 +10,13 @@ keyformer.generate.synthetic_state. See docs/ARCHITECTURE.md (keyformer section)
 """
 from __future__ import annotations
 
+from keyformer.adakv import AdaKVPolicy
 from keyformer.base import Policy, ScoreWork, StepEvent
 from keyformer.full import FullPolicy
 from keyformer.h2o import H2OPolicy
 from keyformer.keyformer import KeyformerPolicy
+from keyformer.mass import MassPolicy
+from keyformer.pyramidkv import PyramidKVPolicy
 from keyformer.snapkv import SnapKVPolicy
 from keyformer.streaming import StreamingPolicy
 from keyformer.tova import TOVAPolicy
@@ -21,12 +24,12 @@ from keyformer.window import WindowPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (FullPolicy, WindowPolicy, StreamingPolicy, H2OPolicy, KeyformerPolicy, SnapKVPolicy,
-                              TOVAPolicy)
+                              TOVAPolicy, MassPolicy, PyramidKVPolicy, AdaKVPolicy)
 }
 
 
 def make_policy(name: str, **params) -> Policy:
-    """A policy by name (`full window streaming h2o keyformer snapkv tova`) with its dataclass parameters."""
+    """A policy by name (`full window streaming h2o keyformer snapkv tova mass pyramidkv adakv`) with its dataclass parameters."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}")
     cls = POLICIES[name]
@@ -39,4 +42,5 @@ def make_policy(name: str, **params) -> Policy:
 
 
 __all__ = ["POLICIES", "Policy", "ScoreWork", "StepEvent", "make_policy", "FullPolicy", "WindowPolicy",
-           "StreamingPolicy", "H2OPolicy", "KeyformerPolicy", "SnapKVPolicy", "TOVAPolicy"]
+           "StreamingPolicy", "H2OPolicy", "KeyformerPolicy", "SnapKVPolicy", "TOVAPolicy",
+           "MassPolicy", "PyramidKVPolicy", "AdaKVPolicy"]

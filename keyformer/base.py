@@ -89,6 +89,9 @@ class Policy:
     score_flops_per_element: ClassVar[int] = 0
     evicts_while_decoding: ClassVar[bool] = True  # False: selection at the prompt only, then the cache grows
     accumulates: ClassVar[bool] = True  # False: each decode step's score replaces the previous one (TOVA)
+    # True: `keep_mask` decides how many tokens each (sequence, KV head) keeps at every step, so lengths vary
+    # per layer, head and step (mass, pyramidkv, adakv); the others hold exactly k (one eviction a step).
+    variable_lengths: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.cache_ratio <= 1.0:
@@ -103,6 +106,9 @@ class Policy:
             raise ValueError(f"budget_base must be one of {', '.join(BUDGET_BASES)}, got {self.budget_base!r}")
         if self.pad_length < 1:
             raise ValueError(f"pad_length must be >= 1, got {self.pad_length}")
+        if self.variable_lengths and self.position_mode == "renumber":
+            raise ValueError(f"position_mode='renumber' is not supported by {self.name}: its heads hold different "
+                             "numbers of tokens, so there is no one renumbered query position")
         self._observers: list[Callable[[StepEvent], None]] = []
         self.score_work = ScoreWork()
         self.profile = False  # when True, time score update + selection (benchmarks)
@@ -131,6 +137,18 @@ class Policy:
         """This step's score per (B, H_kv, G, q, S) entry from the fp32 logits and the model's softmax (a policy
         that scores one query row returns q = 1)."""
         return None
+
+    def keep_mask(self, layer, positions: torch.Tensor, scores: torch.Tensor | None,
+                  protected: torch.Tensor) -> torch.Tensor:
+        """Variable-length policies: (B, H, S) bool, the tokens each (sequence, KV head) of `layer` keeps among
+        the valid slots (`positions` >= 0) after the prompt (S = n) or a decode step (S = slots, newcomer
+        included); `protected` marks the recent window, kept whatever this returns."""
+        raise NotImplementedError
+
+    def slot_capacity(self, layer_idx: int) -> int:
+        """Variable-length policies: the most tokens one head of the layer may keep after an eviction (its
+        buffer gets one slot more; a head that fills it anyway grows the buffer, see cache.SlotLayer)."""
+        return int(self.hold.max())
 
     def finalize_prompt_scores(self, scores: torch.Tensor) -> torch.Tensor:
         """The prompt's (B, H_kv, n) scores just before selection (SnapKV pools them)."""
@@ -216,7 +234,7 @@ class Policy:
         self.growing = self.decode_evicts and bool((self.hold > self.prompt_lengths).any())
         self._over = None  # growing: which sequences evict at this decode step
         # With equal budgets every slot is filled once the newcomer is written: no slot mask is needed.
-        self.dense_slots = (self.decode_evicts and not self.growing
+        self.dense_slots = (self.decode_evicts and not self.growing and not self.variable_lengths
                             and bool((self.budget == self.budget[0]).all()))
         self.next_position = self.prompt_lengths.clone()  # original position of the next token
         self.step = -1
@@ -298,14 +316,15 @@ class Policy:
         (keyformer.generate)."""
         with self._timed():
             if layer.in_prefill:
-                self._select_prompt(layer, None if increment is None else self.finalize_prompt_scores(increment))
+                select = self._select_prompt_by_mask if self.variable_lengths else self._select_prompt
+                select(layer, None if increment is None else self.finalize_prompt_scores(increment))
             else:
                 if increment is not None:
                     if self.accumulates:
                         layer.scores += increment
                     else:
                         layer.scores.copy_(increment)
-                self._evict_one(layer)
+                (self._evict_by_mask if self.variable_lengths else self._evict_one)(layer)
             self.score_work.add(self.step, elements, elements * self.score_flops_per_element,
                                 layer.positions.numel() if self.evicts else 0)
         if self._observers:
@@ -360,6 +379,46 @@ class Policy:
             over = self._over.to(pos.device).view(-1, 1)
             slot = torch.where(over, slot, (pos < 0).int().argmax(dim=-1))  # or fill the next empty slot
         layer.evict(slot)
+
+
+    def _select_prompt_by_mask(self, layer, prompt_scores: torch.Tensor | None) -> None:
+        """Variable lengths: keep what `keep_mask` keeps of the prompt (the last w real tokens always), per
+        sequence and KV head, in a buffer of slot_capacity + 1 slots (at least one empty)."""
+        batch, heads, n = layer.keys.shape[:3]
+        device = layer.keys.device
+        positions = self.prompt_positions.to(device)
+        pos = positions.unsqueeze(1).expand(batch, heads, n)
+        lengths = self.prompt_lengths.to(device).view(batch, 1, 1)
+        protected = (pos >= 0) & (pos >= lengths - self.protect.to(device).view(batch, 1, 1))
+        keep = (self.keep_mask(layer, pos, prompt_scores, protected) | protected) & (pos >= 0)
+        counts = keep.sum(-1)  # (B, H)
+        kept = int(counts.max())
+        keep_idx = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[..., :kept]  # kept ones, in order
+        keep_valid = torch.arange(kept, device=device).view(1, 1, kept) < counts.unsqueeze(-1)
+        extra = max(1, self.slot_capacity(layer.layer_idx) + 1 - kept)
+        layer.compact(keep_idx, keep_valid, positions, prompt_scores, extra_slots=extra)
+
+    def _evict_by_mask(self, layer) -> None:
+        """Variable lengths: after the newcomer was scored, empty every slot `keep_mask` drops (none, one or
+        many per head); the next token goes to the first empty slot (SlotLayer grows a full buffer)."""
+        pos = layer.positions
+        valid = pos >= 0
+        protected = valid & (pos > self._window_floor)  # the w newest tokens, newcomer included
+        drop = valid & ~(self.keep_mask(layer, pos, layer.scores, protected) | protected)
+        layer.positions.masked_fill_(drop, -1)
+        layer.scores.masked_fill_(drop, 0.0)
+        empty = layer.positions < 0
+        slots = pos.shape[-1]
+        layer.free_slot = torch.where(empty.any(-1), empty.to(torch.int8).argmax(-1), slots)
+
+
+def top_by_rank(ranking: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the `count` highest entries of `ranking` along the last axis (entries at -inf never),
+    `count` broadcasting against ranking.shape[:-1]; ties broken by slot order."""
+    order = ranking.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(ranking.shape[-1], device=ranking.device)
+    take = (rank < count.unsqueeze(-1)) & (order.values > -math.inf)
+    return torch.zeros_like(take).scatter_(-1, order.indices, take)
 
 
 def _identical_rows(inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:

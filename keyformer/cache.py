@@ -134,8 +134,10 @@ class SlotLayer(CacheLayerMixin):
         self.free_slot = slot
 
     def _ensure_free_slot(self) -> None:
-        """Policies without eviction (full) grow: amortised doubling, so growth copies are rare."""
-        if self.policy.evicts and self.policy.evicts_while_decoding:
+        """Policies without eviction (full) grow: amortised doubling, so growth copies are rare. So does a
+        variable-length policy's buffer when one of its heads keeps every slot (adakv: a head may win more
+        than k)."""
+        if self.policy.evicts and self.policy.evicts_while_decoding and not self.policy.variable_lengths:
             return
         slots = self.keys.shape[-2]
         if int(self.free_slot.max()) < slots:

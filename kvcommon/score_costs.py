@@ -11,5 +11,9 @@ a transcendental is one op like an add):
 - snapkv: the observation window's probabilities are summed into one vote per prompt key: 1 (the pooling
   along the sequence is counted separately, per pooled element).
 - tova: the current query's probabilities are averaged over the layer's heads: 1.
+- mass, pyramidkv, adakv: H2O's score (each probability added into its KV head's accumulated score): 1. Their
+  selection (mass: a sort and prefix sum per head; adakv: a top-k over the layer's heads) is counted as
+  selection, not score work.
 """
-SCORE_FLOPS_PER_ELEMENT: dict[str, int] = {"keyformer": 12, "h2o": 1, "snapkv": 1, "tova": 1}
+SCORE_FLOPS_PER_ELEMENT: dict[str, int] = {"keyformer": 12, "h2o": 1, "snapkv": 1, "tova": 1,
+                                          "mass": 1, "pyramidkv": 1, "adakv": 1}

@@ -27,6 +27,9 @@ POLICY_STYLES: dict[str, PolicyStyle] = {
     "keyformer": PolicyStyle("tab:red", "D", "-", "keyformer"),
     "snapkv": PolicyStyle("tab:brown", "P", (0, (3, 1, 1, 1)), "snapkv"),
     "tova": PolicyStyle("tab:olive", "X", (0, (5, 1)), "tova"),
+    "mass": PolicyStyle("tab:cyan", "h", (0, (2, 2)), "mass"),
+    "pyramidkv": PolicyStyle("tab:pink", "p", (0, (8, 2, 2, 2)), "pyramidkv"),
+    "adakv": PolicyStyle("tab:orange", "*", (0, (1, 1)), "adakv"),
 }
 # Anything else (a plug-in policy): still drawn, visibly not one of the above.
 OTHER = PolicyStyle("tab:purple", "x", ":", "")

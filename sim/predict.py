@@ -15,6 +15,7 @@ from kvcommon import DesignPoint
 from kvcommon.fields import add_flags, from_args
 from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, run
 from sim.engine import Prediction, predict
+from sim import policies
 from sim.policies import NAMES as POLICIES
 
 
@@ -114,6 +115,9 @@ def format_summary(pred: Prediction) -> str:
         f"(continuous batching; all at once: {pred.max_batch_all_at_once} -> "
         f"{pred.max_batch_all_at_once_tokens_per_s:,.1f} tokens/s)",
     ]
+    formula_note = getattr(policies.get(i["policy"]), "formula_note", "")
+    if formula_note and i["kv_source"] == "formula":
+        lines.append(f"note: {formula_note}")
     if x.get("exceeds_max_positions"):
         lines.append(f"note: prompt + gen = {i['prompt'] + i['gen']} exceeds the model's trained context; "
                      "the numbers are a what-if")

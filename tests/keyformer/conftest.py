@@ -5,7 +5,7 @@ import pytest
 
 from tests.keyformer.tiny_models import ARCHITECTURES, build
 
-POLICY_NAMES = ("full", "window", "streaming", "h2o", "keyformer", "snapkv", "tova")
+POLICY_NAMES = ("full", "window", "streaming", "h2o", "keyformer", "snapkv", "tova", "mass", "pyramidkv", "adakv")
 MATRIX = [(policy, arch) for policy in POLICY_NAMES for arch in ARCHITECTURES]
 
 

@@ -85,7 +85,7 @@ def masked_reference_logits(model, input_ids, tokens, kept_by_step, group: int):
             for layer in modules:
                 kept = kept_by_step[(step - 1, layer)][0]  # (H_kv, k)
                 allowed = torch.zeros(kept.shape[0], length, dtype=torch.bool)
-                allowed.scatter_(1, kept.clamp(min=0), kept >= 0)
+                allowed.scatter_(1, torch.where(kept >= 0, kept, length - 1), True)  # -1 pads: the newcomer
                 allowed[:, length - 1] = True  # the newcomer
                 mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
                 EXTRA_MASKS[layer] = mask.repeat_interleave(group, dim=0)[None, :, None, :]

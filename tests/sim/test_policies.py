@@ -13,7 +13,7 @@ def test_names_are_keyformers_policies():
 def test_registry_and_kvlen_agree():
     assert kvlen.POLICIES == policies.NAMES
     assert kvlen.EVICTING == tuple(n for n in policies.NAMES if policies.get(n).evicts) == policies.EVICTING
-    assert kvlen.SCORED == ("h2o", "keyformer", "tova") == policies.SCORED
+    assert kvlen.SCORED == ("h2o", "keyformer", "tova", "mass", "pyramidkv", "adakv") == policies.SCORED
     for name in policies.NAMES:
         assert policies.get(name).name == name
     with pytest.raises(ValueError, match="unknown policy 'snap'; expected one of full, window"):

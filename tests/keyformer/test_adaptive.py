@@ -1,0 +1,206 @@
+"""The adaptive-budget policies (mass, pyramidkv, adakv): lengths that vary per layer, head and step, their
+selection rules against direct re-implementations on the stock model's attention, and what the matrix of
+tests/keyformer/test_policies.py checks for them (check_adaptive_lengths)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from keyformer import make_policy
+from keyformer.generate import decode_n_tokens, prefill
+from keyformer.pyramidkv import pyramid_budgets
+from tests.keyformer.tiny_models import VOCAB, build
+
+
+def prompt(length, seed):
+    return torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def held_counts(event) -> list[int]:
+    return (event.kept_positions[0] >= 0).sum(-1).tolist()
+
+
+def check_adaptive_lengths(name, model, ids, steps):
+    """Matrix check (every architecture): the budget k, the recent window on every head, each policy's
+    bound on what a head / a layer holds, a buffer of capacity + 1 slots reused in place (mass, pyramidkv),
+    and events and kv_lengths reporting the fullest head."""
+    policy = make_policy(name, cache_ratio=0.5)
+    events = []
+    policy.add_observer(events.append)
+    n = ids.shape[1]
+    with prefill(model, policy, ids) as state:
+        k, w = int(policy.budget[0]), int(policy.recent[0])
+        assert (k, w) == (n // 2, int(0.3 * (n // 2)))
+        layer_budget = policy.layer_budgets()[0].tolist() if name == "pyramidkv" else None
+        for i, layer in enumerate(policy.layers):
+            capacity = layer_budget[i] if name == "pyramidkv" else k
+            assert layer.keys.shape[-2] >= capacity + 1 if name == "adakv" else layer.keys.shape[-2] == capacity + 1
+        buffers = [layer.keys.data_ptr() for layer in policy.layers]
+        for _ in range(steps):
+            decode_n_tokens(state, 1)
+            if name != "adakv":  # adakv's buffer grows when a head wins more than it has slots for
+                assert [layer.keys.data_ptr() for layer in policy.layers] == buffers
+    n_layers = len(policy.layers)
+    assert len(events) == n_layers * (steps + 1)
+    for event in events:
+        counts = held_counts(event)
+        assert event.kv_len == max(counts)
+        newest = n - 1 + (event.step + 1)
+        for head, held in zip(counts, event.kept_positions[0]):
+            kept = set(held[:head].tolist())
+            assert bool((held[head:] == -1).all()) and len(kept) == head
+            assert set(range(newest - w + 1, newest + 1)) <= kept  # the recent window stays
+        if name == "mass":
+            assert all(w <= c <= k for c in counts)
+        elif name == "pyramidkv":
+            assert counts == [layer_budget[event.layer]] * len(counts)
+        else:
+            assert sum(counts) == k * len(counts) and min(counts) >= w
+    assert policy.kv_lengths() == [e.kv_len for e in events[-n_layers:]]
+    if name == "pyramidkv":
+        assert sum(layer_budget) == k * n_layers and layer_budget == sorted(layer_budget, reverse=True)
+
+
+def peaked_llama():
+    """llama_gqa with the query heads of KV head 0 sharpened (x8) and those of KV head 1 flattened (x0.3): one
+    head attends to a few tokens, the other broadly, so adaptive budgets differ between them."""
+    model = build("llama_gqa")
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        for layer in model.model.layers:
+            q = layer.self_attn.q_proj.weight
+            q[: 2 * head_dim] *= 8.0
+            q[2 * head_dim:] *= 0.3
+    return model
+
+
+def prompt_scores(model, ids):
+    """H2O's prompt scores per layer from the stock model: column sums of the causal softmax, summed over the
+    query heads of each KV group, (H_kv, n) float64."""
+    with torch.no_grad():
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    group = model.config.num_attention_heads // model.config.num_key_value_heads
+    n = ids.shape[1]
+    return [a[0].double().sum(dim=1).view(-1, group, n).sum(dim=1) for a in out.attentions]
+
+
+def kept_at_prompt(policy, model, ids, steps=0):
+    seen = {}
+    policy.add_observer(lambda e: seen.__setitem__((e.step, e.layer), e.kept_positions[0].clone()))
+    with prefill(model, policy, ids) as state:
+        decode_n_tokens(state, steps)
+    return seen
+
+
+def as_sets(held):
+    return [set(h[h >= 0].tolist()) for h in held]
+
+
+@pytest.mark.parametrize("mass", [0.5, 0.8])
+def test_mass_keeps_the_fewest_tokens_covering_the_share(mass):
+    """At the prompt: the window, then the others by descending score until the share is covered (at most k),
+    against the stock model's column sums; heads differ in length, and decoding keeps varying them."""
+    model = peaked_llama()
+    ids = prompt(40, seed=41)
+    n = ids.shape[1]
+    policy = make_policy("mass", cache_ratio=0.5, mass=mass)
+    seen = kept_at_prompt(policy, model, ids, steps=8)
+    k, w = 20, 6
+    lengths = set()
+    for layer, scores in enumerate(prompt_scores(model, ids)):
+        for head, row in enumerate(scores):
+            covered, target = float(row[n - w:].sum()), mass * float(row.sum())
+            expected = set(range(n - w, n))
+            for j in row[: n - w].argsort(descending=True).tolist():
+                if covered >= target or len(expected) >= k:
+                    break
+                expected.add(j)
+                covered += float(row[j])
+            assert as_sets(seen[(-1, layer)])[head] == expected, (layer, head)
+        lengths |= {len(s) for key, held in seen.items() if key[1] == layer for s in as_sets(held)}
+    assert len(lengths) > 2  # per head and step
+    assert all(w <= length <= k for length in lengths)
+
+
+def test_mass_one_is_h2o():
+    """mass = 1 keeps the window and every other scored token up to k: H2O's kept sets at every step."""
+    model = build("gpt2")
+    ids = prompt(24, seed=42)
+    ours = kept_at_prompt(make_policy("mass", cache_ratio=0.5, mass=1.0), model, ids, steps=6)
+    h2o = kept_at_prompt(make_policy("h2o", cache_ratio=0.5), model, ids, steps=6)
+    assert ours.keys() == h2o.keys()
+    for key in ours:
+        assert as_sets(ours[key]) == as_sets(h2o[key]), key
+
+
+def test_pyramid_schedule():
+    """Linear in depth, mean exactly k, top layer w + (k - w) // beta, flattened when the first layer would
+    exceed the prompt (k = n gives n everywhere)."""
+    one = lambda k, w, ceiling, layers, beta=20.0: pyramid_budgets(torch.tensor([k]), torch.tensor([w]),
+                                                                  torch.tensor([ceiling]), layers, beta)[0].tolist()
+    assert one(20, 6, 40, 2) == [34, 6]
+    budgets = one(100, 30, 1000, 7)
+    assert sum(budgets) == 700 and budgets == sorted(budgets, reverse=True) and budgets[-1] == 30 + 70 // 20
+    assert max(b - a for a, b in zip(budgets[1:], budgets)) - min(b - a for a, b in zip(budgets[1:], budgets)) <= 1
+    assert one(24, 7, 24, 2) == [24, 24]              # k = n: nothing to redistribute
+    flat = one(30, 9, 40, 4)                          # 2e - top = 42 > n - w = 31: flattened
+    assert flat[0] == 40 and sum(flat) == 120 and flat == sorted(flat, reverse=True)
+    assert one(50, 15, 1000, 1) == [50]
+    assert one(10, 3, 100, 3, beta=1.0) == [10, 10, 10]   # beta = 1: top = e, a flat schedule
+
+
+def test_pyramidkv_selects_within_each_layer_by_h2o_scores():
+    model = peaked_llama()
+    ids = prompt(40, seed=43)
+    n = ids.shape[1]
+    policy = make_policy("pyramidkv", cache_ratio=0.5)
+    seen = kept_at_prompt(policy, model, ids)
+    budgets = [34, 6]  # k = 20, w = 6: test_pyramid_schedule
+    for layer, scores in enumerate(prompt_scores(model, ids)):
+        for head, row in enumerate(scores):
+            top = row[: n - 6].topk(budgets[layer] - 6).indices.tolist()
+            assert as_sets(seen[(-1, layer)])[head] == set(top) | set(range(n - 6, n)), (layer, head)
+
+
+def test_adakv_shares_the_layer_budget_across_heads():
+    """At the prompt: the layer's H x k less the windows go to the top scores over both KV heads jointly; the
+    sharp head keeps fewer tokens than the broad one, the layer total stays H x k at every step."""
+    model = peaked_llama()
+    ids = prompt(40, seed=44)
+    n, k, w = 40, 20, 6
+    policy = make_policy("adakv", cache_ratio=0.5)
+    seen = kept_at_prompt(policy, model, ids, steps=8)
+    for layer, scores in enumerate(prompt_scores(model, ids)):
+        heads = scores.shape[0]
+        candidates = scores[:, : n - w]
+        flat = candidates.reshape(-1).topk(heads * (k - w)).indices
+        expected = [set(range(n - w, n)) for _ in range(heads)]
+        for i in flat.tolist():
+            expected[i // (n - w)].add(i % (n - w))
+        assert as_sets(seen[(-1, layer)]) == expected, layer
+    for key, held in seen.items():
+        assert sum(len(s) for s in as_sets(held)) == 2 * k, key
+
+
+def test_adakv_heads_win_what_their_scores_earn():
+    """The joint rule on scores where one head is sharp (two tokens carry its score) and one broad: the broad
+    head takes most of the layer's budget, the sharp one keeps its two plus its window; empty slots never."""
+    policy = make_policy("adakv", cache_ratio=0.5)
+    policy.hold = torch.tensor([4])
+    positions = torch.arange(10).expand(1, 2, 10).clone()
+    positions[0, 1, 9] = -1  # an empty slot
+    scores = torch.tensor([[[5.0, 4.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0],
+                            [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 0.9, 0.8, 0.0, 9.0]]])
+    protected = positions >= 8  # the window: positions 8 and 9
+    keep = policy.keep_mask(None, positions, scores, protected)
+    kept = [set(torch.nonzero(row).flatten().tolist()) for row in keep[0]]
+    # 2 x 4 = 8 in all, 3 window slots (8, 9 on head 0; 8 on head 1): 5 won, 2 by head 0, 3 by head 1
+    assert kept == [{0, 1, 8, 9}, {3, 4, 5, 8}]
+
+
+def test_adaptive_policies_refuse_renumbered_positions():
+    for name in ("mass", "pyramidkv", "adakv"):
+        with pytest.raises(ValueError, match="renumber"):
+            make_policy(name, position_mode="renumber")
+    with pytest.raises(ValueError, match="mass"):
+        make_policy("mass", mass=0.0)
