@@ -8,7 +8,8 @@ Conventions (the paper's §3, shared/docs/keyformer-paper.md §1, and sim/kvlen.
   tokens plus the top (k - w) of the other n - w by priority, per layer, per KV head, per sequence.
 - decode step s (s = 0 first): the newcomer enters the cache (k + 1 tokens are attended), scores are
   accumulated, and the lowest-priority token outside the recent window (the w newest, newcomer included)
-  leaves, so every layer and head holds exactly k tokens again.
+  leaves, so every layer and head holds exactly k tokens again. Variable-length policies (mass, pyramidkv,
+  adakv: `variable_lengths`) keep what their `keep_mask` keeps instead, any number per head and step.
 - step numbering seen by observers: -1 = prefill, s >= 0 = decode step s.
 - positions: "original" (default; the paper's Table 3 winner) feeds every token its original position id
   and, for MPT, gathers ALiBi at the kept tokens' original positions. "renumber" gives the incoming token
@@ -379,7 +380,6 @@ class Policy:
             over = self._over.to(pos.device).view(-1, 1)
             slot = torch.where(over, slot, (pos < 0).int().argmax(dim=-1))  # or fill the next empty slot
         layer.evict(slot)
-
 
     def _select_prompt_by_mask(self, layer, prompt_scores: torch.Tensor | None) -> None:
         """Variable lengths: keep what `keep_mask` keeps of the prompt (the last w real tokens always), per

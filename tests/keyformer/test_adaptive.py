@@ -204,3 +204,37 @@ def test_adaptive_policies_refuse_renumbered_positions():
             make_policy(name, position_mode="renumber")
     with pytest.raises(ValueError, match="mass"):
         make_policy("mass", mass=0.0)
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "mpt"])
+def test_adakv_grows_the_buffer_of_a_head_that_wins_more_than_k(arch):
+    """Scores tilted towards KV head 0 after the prompt: at every step head 0 keeps its newcomer and wins the
+    token head 1 loses while the newcomer is in its window, so head 0 exceeds k and fills its slots; the buffer grows, and the decode logits still
+    equal the full cache with the evicted keys masked."""
+    from tests.keyformer.reference import masked_reference_logits
+
+    model = build(arch)
+    ids = prompt(24, seed=45)
+    policy = make_policy("adakv", cache_ratio=0.5)
+    kept = {}
+    policy.add_observer(lambda e: kept.__setitem__((e.step, e.layer), e.kept_positions.clone()))
+    steps = 5
+    with prefill(model, policy, ids) as state:
+        k = int(policy.budget[0])
+        slots = [layer.keys.shape[-2] for layer in policy.layers]
+        for layer in policy.layers:
+            layer.scores[:, 0] += 100.0 * (layer.positions[:, 0] >= 0)
+        ours = [decode_n_tokens(state, 1) is not None and state.logits.clone() for _ in range(steps)]
+        fed = state.generated[:steps]
+        grown = [layer.keys.shape[-2] for layer in policy.layers]
+    heads = policy.layers[0].positions.shape[1]
+    for step in range(steps):
+        counts = (kept[(step, 0)][0] >= 0).sum(-1).tolist()
+        # + its newcomers while they are in the window (w = 3), at the expense of head 1
+        assert counts[0] == k + min(step + 1, 3) and sum(counts) == heads * k
+    assert all(g > s for g, s in zip(grown, slots))
+    group = model.config.num_attention_heads // (getattr(model.config, "num_key_value_heads", None)
+                                                 or model.config.num_attention_heads)
+    reference = masked_reference_logits(model, ids, fed, kept, group)
+    for step, (a, b) in enumerate(zip(ours, reference)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), (step, (a - b).abs().max())
