@@ -13,9 +13,9 @@ import pandas as pd
 
 from kvcommon import DesignPoint
 from kvcommon.fields import add_flags, from_args
+from sim import policies
 from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, run
 from sim.engine import Prediction, predict
-from sim import policies
 from sim.policies import NAMES as POLICIES
 
 
