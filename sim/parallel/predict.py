@@ -94,6 +94,14 @@ class _Plan:
         return dict(ttft_s=ttft_p, tpot_s=tpot_p, e2e_s=e2e, micro_batches=m, micro_batch=bm, comm_decode_s=dec,
                     comm_prefill_s=pre, stage_ttft_s=ttft, stage_tpot_s=tpot)
 
+    def decode_roofline(self, batch) -> dict:
+        """One device's decode memory and compute time at the point's micro-batch (engine.evaluate)."""
+        bm = np.ceil(np.atleast_1d(float(batch)) / micro_batches(batch, self.pp, self.fixed_micro))
+        kw = self.kw
+        r = engine.evaluate(self.hw, self.stage, kw["policy"], batch=bm, **_engine_kw(kw), with_capacity=False,
+                            kv_override=self.kv_override)
+        return {k: float(r[k][0]) for k in ("decode_memory_time_s", "decode_compute_time_s")}
+
 
 def _engine_kw(kw: dict) -> dict:
     keys = ("prompt", "gen", "cache_ratio", "recent_ratio", "beams", "kv_dtype", "weight_dtype", "profile")
@@ -137,8 +145,12 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
     full = load_model(model)
     if tp == 1 and pp == 1 and micro_batches in (None, 1):
         p = engine.predict(hw, full, batch, kv_override=kv_override, **kw)
+        r = engine.evaluate(hw, full, policy, batch=batch, **_engine_kw(kw),
+                            kv_override=kv_override)
+        sweep_only = {k: float(r[k][0]) for k in ("max_batch_tpot_s", "decode_memory_time_s", "decode_compute_time_s")}
         extra = dict(p.extra, tp=1, pp=1, devices=1, micro_batches=1, bubble_factor=1.0, comm_decode_s=0.0,
                      comm_prefill_s=0.0, kv_replication=1.0, weight_bytes_per_device=p.extra["weight_bytes"],
+                     model_weight_bytes=p.extra["weight_bytes"], **sweep_only,
                      kv_bytes_per_token_per_device=p.extra["kv_bytes_per_token"], interconnect=None)
         tables = [t.assign(link_bytes=0.0) for t in (p.prefill_ops, p.decode_ops)]
         return ParallelPrediction(inputs=dict(p.inputs, tp=1, pp=1), ttft_s=p.ttft_s, tpot_s=p.tpot_s, e2e_s=p.e2e_s,
@@ -183,10 +195,13 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
     extra = dict(stage_pred.extra, tp=tp, pp=pp, devices=tp * pp, micro_batches=m,
                  bubble_factor=float(max(m, pp) / m), comm_decode_s=float(t["comm_decode_s"][0]),
                  comm_prefill_s=float(t["comm_prefill_s"][0]), kv_replication=kv_replication(full.n_kv_heads, tp),
-                 weight_bytes_per_device=float(cap["weight_bytes"][0]),
+                 # weight_bytes: what one device holds (as peak_memory_bytes); model_weight_bytes: all of them
+                 weight_bytes=float(cap["weight_bytes"][0]), weight_bytes_per_device=float(cap["weight_bytes"][0]),
+                 model_weight_bytes=float(full.weight_bytes(stage_pred.inputs["weight_dtype"])),
                  kv_bytes_per_token_per_device=2.0 * stage.n_layers * stage.n_kv_heads * stage.head_dim * kvb,
-                 weight_bytes=float(full.weight_bytes(stage_pred.inputs["weight_dtype"])),
                  kv_bytes_per_token=float(full.kv_bytes_per_token(stage_pred.inputs["kv_dtype"])),
+                 max_batch_tpot_s=float(t["tpot_s"][3]) if steady > 0 else float("nan"),
+                 **plan.decode_roofline(batch),
                  fits=bool(cap["fits"][0]), interconnect=link.kind if link is not None else None, stage_layers=stage.n_layers,
                  exceeds_max_positions=bool(full.max_positions and prompt + gen > full.max_positions))
     inputs = dict(stage_pred.inputs, model=full.name, batch=int(batch), tp=tp, pp=pp)

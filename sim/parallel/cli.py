@@ -1,0 +1,103 @@
+"""The issue-18 flags of the sim CLIs: --tp, --pp, --micro-batches, --energy, --price-per-hour.
+
+Each is off by default, so a command without them prints exactly what it printed before (tests/golden).
+`add_flags(parser)` declares them; `wants_parallel(args)` / `wants_energy(args)` say whether a run uses
+them; `energy_cost(prediction, args)` gives the energy and cost keys; `summary_lines` their text form.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+DEPLOYMENT_KEYS = ("tp", "pp", "devices", "micro_batches", "bubble_factor", "comm_decode_s", "comm_prefill_s",
+                   "kv_replication", "weight_bytes_per_device", "model_weight_bytes", "kv_bytes_per_token_per_device",
+                   "interconnect")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a price in USD per device-hour, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite price >= 0, got {text!r}")
+    return value
+
+
+def add_flags(p, *, micro_batches: bool = True, energy: bool = True) -> None:
+    g = p.add_argument_group("multi-device, energy and cost (issue 18; off by default)")
+    g.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel devices (sim.parallel)")
+    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel stages (sim.parallel)")
+    if micro_batches:
+        g.add_argument("--micro-batches", type=_positive_int, default=None,
+                       help="pipeline micro-batches (default: min(batch, pp))")
+    if energy:
+        g.add_argument("--energy", action="store_true",
+                       help="add energy per token (J, by weights/kv/activations/compute/comm/static) and cost per "
+                            "million output tokens (hwmodels/platform data)")
+        g.add_argument("--price-per-hour", type=_price, default=None, metavar="USD",
+                       help="USD per device-hour for the cost (default: the device's documented price); implies --energy")
+
+
+def wants_parallel(a) -> bool:
+    return a.tp * a.pp > 1 or getattr(a, "micro_batches", None) not in (None, 1)
+
+
+def wants_energy(a) -> bool:
+    return bool(getattr(a, "energy", False) or getattr(a, "price_per_hour", None) is not None)
+
+
+def energy_cost(pred, a) -> dict:
+    """Energy and cost keys of a prediction (engine or sim.parallel)."""
+    from sim.cost import cost_summary
+    from sim.energy import energy_summary
+    return {**energy_summary(pred), **cost_summary(pred, override=getattr(a, "price_per_hour", None))}
+
+
+def deployment_keys(pred) -> dict:
+    return {k: pred.extra[k] for k in DEPLOYMENT_KEYS if k in pred.extra}
+
+
+def _time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    return f"{t * 1e3:.3f} ms" if t >= 1e-3 else f"{t * 1e6:.1f} us"
+
+
+def summary_lines(pred, extras: dict | None = None) -> list[str]:
+    """Text lines for a deployment (when tp x pp > 1 or micro-batched) and for the energy and cost keys."""
+    x, lines = pred.extra, []
+    if x.get("devices", 1) > 1 or x.get("micro_batches", 1) > 1:
+        lines += [f"  devices         tp {x['tp']} x pp {x['pp']} = {x['devices']} over {x['interconnect']}; "
+                  f"per device: weights {x['weight_bytes_per_device'] / 2**30:.2f} GiB, "
+                  f"KV {x['kv_bytes_per_token_per_device'] / 1024:g} KiB per token"
+                  + (f" (KV heads replicated x{x['kv_replication']:g})" if x["kv_replication"] > 1 else ""),
+                  f"  collectives     {_time(x['comm_decode_s'])} per decode step, {_time(x['comm_prefill_s'])} "
+                  f"per prefill; {x['micro_batches']:g} micro-batches, bubble x{x['bubble_factor']:g}"]
+    if extras:
+        if extras.get("energy_j_per_token") is not None:
+            parts = extras["decode_energy_breakdown_j_per_token"]
+            shares = ", ".join(f"{k} {100 * v / extras['energy_j_per_token']:.0f}%" for k, v in parts.items())
+            lines.append(f"  energy          {extras['energy_j_per_token'] * 1e3:.3g} mJ per decoded token ({shares}); "
+                         f"{extras['energy_j_per_output_token'] * 1e3:.3g} mJ per output token with prefill; "
+                         f"{extras['decode_power_w_per_device']:.0f} W per device")
+        elif extras.get("energy_note"):
+            lines.append(f"  energy          - ({extras['energy_note']})")
+        if extras.get("cost_per_mtok") is not None:
+            at_max = extras["cost_per_mtok_at_max_batch"]
+            lines.append(f"  cost            {extras['cost_per_mtok']:.4g} USD per million output tokens"
+                         + (f" ({at_max:.4g} at the max batch)" if at_max is not None else "")
+                         + f" at {extras['price_usd_per_hour']:g} USD per device-hour")
+        else:
+            lines.append(f"  cost            - ({extras.get('price_source')})")
+    return lines
