@@ -16,6 +16,7 @@ from kvcommon.fields import add_flags, from_args
 from sim import policies
 from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, run
 from sim.engine import Prediction, predict
+from sim.parallel import cli as deployment
 from sim.policies import NAMES as POLICIES
 
 
@@ -42,6 +43,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--breakdown", action="store_true", help="print the per-operator tables")
+    deployment.add_flags(p)
     return p
 
 
@@ -137,17 +139,25 @@ def main(argv=None) -> int:
         from sim.models import load_model
         model = load_model(a.model)
         override = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen, model.n_layers)
-    pred = predict(a.hw, a.model, a.batch, a.prompt, a.gen, a.policy, a.cache_ratio, recent_ratio=a.recent_ratio,
-                   kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=a.profile, kv_override=override,
-                   beams=a.beams)
+    kw = dict(recent_ratio=a.recent_ratio, kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=a.profile,
+              kv_override=override, beams=a.beams)
+    if deployment.wants_parallel(a):      # tp x pp devices (sim.parallel); without the flags: one device, as before
+        from sim import parallel
+        pred = parallel.predict(a.hw, a.model, a.batch, a.prompt, a.gen, a.policy, a.cache_ratio, **kw, tp=a.tp,
+                                pp=a.pp, micro_batches=a.micro_batches)
+    else:
+        pred = predict(a.hw, a.model, a.batch, a.prompt, a.gen, a.policy, a.cache_ratio, **kw)
+    extras = deployment.energy_cost(pred, a) if deployment.wants_energy(a) else {}
     if a.json:
-        out = pred.to_dict()
+        out = {**pred.to_dict(), **extras}
         if a.breakdown:
             out["prefill_ops"] = _records(pred.prefill_ops)
             out["decode_ops"] = _records(pred.decode_ops)
         print(json.dumps(out, default=_jsonable))
         return 0
     print(format_summary(pred))
+    for line in deployment.summary_lines(pred, extras):
+        print(line)
     if a.breakdown:
         print(f"\nprefill ({_time(pred.ttft_s)} with host overhead):")
         print(format_table(pred.prefill_ops))

@@ -17,6 +17,7 @@ from sim.des.arrivals import ARRIVAL_KINDS
 from sim.des.metrics import STAT_KEYS, ServeResult
 from sim.des.scheduler import ADMISSION_MODES
 from sim.des.serving import ServeConfig, run_config
+from sim.parallel import cli as deployment
 
 DESCRIPTION = "Discrete-event simulation of one accelerator serving a request stream (vLLM-like continuous batching)."
 
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the per-step timeline (memory over time); its folder must exist")
     p.add_argument("--per-request", default=None, metavar="CSV", help="write one row per request")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    deployment.add_flags(p, micro_batches=False, energy=False)
     return p
 
 
@@ -97,6 +99,7 @@ def format_report(res: ServeResult) -> str:
         f"simulated serving: {c['model']} on {c['hw']}, policy {c['policy']} (cache ratio {c['cache_ratio']:g}), "
         f"{c['admission']} admission, KV from {c['kv_source']}",
         f"workload: {c['requests']} requests, {c['workload']}, qps {c['qps']:g}",
+        *([f"devices: tp {c['tp']} x pp {c['pp']} (KV capacity and memory per device)"] if "tp" in c else []),
         "",
         f"{'completed / dropped':32s}{res.completed} / {res.dropped}",
         f"{'preemptions':32s}{res.preemptions}",
@@ -148,7 +151,7 @@ def _main(argv=None) -> int:
         weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
         chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
         admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
-        trace=args.trace, trace_heads=args.trace_heads)
+        trace=args.trace, trace_heads=args.trace_heads, tp=args.tp, pp=args.pp)
     try:
         res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
     except FieldError as exc:   # e.g. the workload's requests: worded with the flag that set it

@@ -16,6 +16,8 @@ from sim.des.arrivals import ARRIVAL_KINDS, make_workload
 from sim.des.metrics import ServeResult, build_result
 from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, SchedulerConfig
 from sim.des.server import ServingSimulation
+from sim.parallel.shard import shard_model
+from sim.parallel.timer import ParallelTimer
 
 # Without chunked prefill, a prefill step takes at most this many tokens (vLLM v0's default
 # max_num_batched_tokens is max(max_model_len, 2048); we use the longest request in place of max_model_len).
@@ -56,6 +58,9 @@ class ServeConfig:
     watermark: float = param(DEFAULT_WATERMARK, check=in_range(0, 1, high_open=True))
     trace: Any = None                      # trace folder (or a loaded traces.Trace): per-request KV lengths
     trace_heads: str = param("mean", choices=("mean", "max"))   # max: a kernel padded to the fullest head
+    # tensor / pipeline parallelism over the device's interconnect (sim.parallel); 1 x 1: one device
+    tp: int = param(1, check=at_least(1))
+    pp: int = param(1, check=at_least(1))
 
     def __post_init__(self):
         """Errors name the field (`qps must be > 0 (or inf), got 0`); the CLI words them as flags."""
@@ -72,6 +77,8 @@ class ServeConfig:
                 out[key] = getattr(out[key], "name", str(out[key]))
         if out["trace"] is not None and not isinstance(out["trace"], str):
             out["trace"] = str(getattr(out["trace"], "path", out["trace"]))
+        if out["tp"] == 1 and out["pp"] == 1:      # one device: the outputs it always had (tests/golden)
+            del out["tp"], out["pp"]
         return out
 
 
@@ -93,7 +100,10 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
     # Workspace for the largest step: the token budget, or without chunking at least the longest
     # prefill (it runs alone even when it exceeds max_step_tokens).
     workspace_tokens = step_tokens if cfg.chunked_prefill else max(step_tokens, longest)
-    budget = memory_budget(setup.hw, setup.model, policy=cfg.policy, kv_dtype=cfg.kv_dtype,
+    # tp x pp devices: the KV pool is one device's (its shard of the model), the steps sim.parallel's
+    parallel = cfg.tp * cfg.pp > 1
+    device_model = shard_model(setup.model, cfg.tp, cfg.pp) if parallel else setup.model
+    budget = memory_budget(setup.hw, device_model, policy=cfg.policy, kv_dtype=cfg.kv_dtype,
                            weight_dtype=cfg.weight_dtype, profile=cfg.profile, step_tokens=workspace_tokens,
                            memory_utilization=cfg.memory_utilization)
     block_bytes = cfg.block_size * budget.kv_bytes_per_token
@@ -108,9 +118,10 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
         max_batch=cfg.max_batch, chunked_prefill=cfg.chunked_prefill,
         max_step_tokens=None if cfg.chunked_prefill else step_tokens,
         admission=cfg.admission, watermark=cfg.watermark))
-    timer = AnalyticTimer(setup.hw, setup.model, policy=cfg.policy, cache_ratio=cfg.cache_ratio,
-                          recent_ratio=cfg.recent_ratio, weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype,
-                          profile=cfg.profile)
+    timer_kw = dict(policy=cfg.policy, cache_ratio=cfg.cache_ratio, recent_ratio=cfg.recent_ratio,
+                    weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, profile=cfg.profile)
+    timer = (ParallelTimer(setup.hw, setup.model, tp=cfg.tp, pp=cfg.pp, **timer_kw) if parallel
+             else AnalyticTimer(setup.hw, setup.model, **timer_kw))
     sim = ServingSimulation(sched, timer, progress=progress,
                             progress_desc=f"serve {setup.model.name} {cfg.policy} on {setup.hw.name}")
     timeline, wall = sim.run()

@@ -34,15 +34,17 @@ def _price(text: str) -> float:
     return value
 
 
-def add_flags(p, *, micro_batches: bool = True, energy: bool = True) -> None:
+def add_flags(p, *, micro_batches: bool = True, energy: bool = True, unset: bool = False) -> None:
+    """`unset`: every default None (a sweep's flags override its YAML file only when given)."""
     g = p.add_argument_group("multi-device, energy and cost (issue 18; off by default)")
-    g.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel devices (sim.parallel)")
-    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel stages (sim.parallel)")
+    one = None if unset else 1
+    g.add_argument("--tp", type=_positive_int, default=one, help="tensor-parallel devices (sim.parallel; default 1)")
+    g.add_argument("--pp", type=_positive_int, default=one, help="pipeline-parallel stages (sim.parallel; default 1)")
     if micro_batches:
         g.add_argument("--micro-batches", type=_positive_int, default=None,
                        help="pipeline micro-batches (default: min(batch, pp))")
     if energy:
-        g.add_argument("--energy", action="store_true",
+        g.add_argument("--energy", action="store_true", default=None if unset else False,
                        help="add energy per token (J, by weights/kv/activations/compute/comm/static) and cost per "
                             "million output tokens (hwmodels/platform data)")
         g.add_argument("--price-per-hour", type=_price, default=None, metavar="USD",
@@ -74,6 +76,10 @@ def _time(t: float) -> str:
     return f"{t * 1e3:.3f} ms" if t >= 1e-3 else f"{t * 1e6:.1f} us"
 
 
+def _joules(j: float) -> str:
+    return f"{j:.3g} J" if j >= 1 else f"{j * 1e3:.3g} mJ"
+
+
 def summary_lines(pred, extras: dict | None = None) -> list[str]:
     """Text lines for a deployment (when tp x pp > 1 or micro-batched) and for the energy and cost keys."""
     x, lines = pred.extra, []
@@ -83,13 +89,14 @@ def summary_lines(pred, extras: dict | None = None) -> list[str]:
                   f"KV {x['kv_bytes_per_token_per_device'] / 1024:g} KiB per token"
                   + (f" (KV heads replicated x{x['kv_replication']:g})" if x["kv_replication"] > 1 else ""),
                   f"  collectives     {_time(x['comm_decode_s'])} per decode step, {_time(x['comm_prefill_s'])} "
-                  f"per prefill; {x['micro_batches']:g} micro-batches, bubble x{x['bubble_factor']:g}"]
+                  f"per prefill" + (f"; pipeline of {x['micro_batches']:g} micro-batches, bubble "
+                                    f"x{x['bubble_factor']:g}" if x["pp"] > 1 else "")]
     if extras:
         if extras.get("energy_j_per_token") is not None:
             parts = extras["decode_energy_breakdown_j_per_token"]
             shares = ", ".join(f"{k} {100 * v / extras['energy_j_per_token']:.0f}%" for k, v in parts.items())
-            lines.append(f"  energy          {extras['energy_j_per_token'] * 1e3:.3g} mJ per decoded token ({shares}); "
-                         f"{extras['energy_j_per_output_token'] * 1e3:.3g} mJ per output token with prefill; "
+            lines.append(f"  energy          {_joules(extras['energy_j_per_token'])} per decoded token ({shares}); "
+                         f"{_joules(extras['energy_j_per_output_token'])} per output token with prefill; "
                          f"{extras['decode_power_w_per_device']:.0f} W per device")
         elif extras.get("energy_note"):
             lines.append(f"  energy          - ({extras['energy_note']})")

@@ -162,8 +162,8 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
     device = engine.resolve_device(hw)
     link = load_interconnect(device)
     if link is None and tp * pp > 1:
-        raise ValueError(f"device {device.name} has no interconnect data (hwmodels/platform/{device.name}.yaml or an "
-                         "interconnect section in its file): tp/pp > 1 cannot be timed")
+        raise ValueError(f"device {device.name} has no interconnect data (hwmodels/platform/{device.name}.yaml, or "
+                         "<device file>.platform.yaml next to a device file): tp/pp > 1 cannot be timed")
     if link is not None and tp * pp > link.max_devices:
         raise ValueError(f"tp x pp = {tp * pp} devices exceeds the {link.max_devices} one {link.kind} domain "
                          f"of {device.name} joins (multi-node parallelism is not modelled)")

@@ -7,9 +7,12 @@ from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
 from kvcommon import DesignPoint
 from sim import runner
 from sim.cli import ArgumentParser, csv_list, positive_int
+from sim.parallel import cli as deployment
 from sim.sweep.analytic import evaluate
 from sim.sweep.des import evaluate_des, write_des_outputs
 from sim.sweep.grid import GridConfig, build_grid
@@ -62,7 +65,22 @@ def build_parser() -> ArgumentParser:
     trace_group.add_argument("--trace-batches", type=csv_list(int, "--trace-batches"), metavar="B,..",
                              help="batch sizes for trace-driven points (default 1; throughput at the largest "
                                   "batch that fits is computed for every point)")
+    deployment.add_flags(p, micro_batches=False, unset=True)
     return p
+
+
+def energy_figure(config: GridConfig, options: RunOptions, out_dir: Path) -> Path:
+    """energy_cost.png (+ .csv): energy per token and cost per million output tokens against the cache ratio,
+    per device of the grid, each at the largest batch that fits, for the grid's first model and first evicting
+    policy (first prompt, gen, dtypes and profile)."""
+    from sim import energy_plot
+    policy = next((p for p in config.policies if p != "full"), config.policies[0])
+    frame = energy_plot.table(config.hw, config.models[0], policy, sorted(set(config.cache_ratios)),
+                              prompt=config.prompts[0], gen=config.gens[0], tp=options.tp, pp=options.pp,
+                              price=options.price_per_hour, weight_dtype=config.weight_dtypes[0],
+                              kv_dtype=config.kv_dtypes[0], profile=config.profiles[0])
+    frame.to_csv(out_dir / "energy_cost.csv", index=False)
+    return energy_plot.plot(frame, out_dir / "energy_cost.png")
 
 
 def _item_type(field_name: str):
@@ -95,12 +113,20 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     points = build_grid(config)
     options.trace_dirs()  # a wrong trace folder is a one-line error before any work
+    grid_fn = evaluate_des if options.engine == "des" else evaluate
+    if options.parallel:      # every point on tp x pp devices (sim.parallel): columns tp, pp join the inputs
+        from sim.parallel.sweep import evaluate as parallel_evaluate
+        points = points.assign(tp=options.tp, pp=options.pp)
+        grid_fn = evaluate_des if options.engine == "des" else parallel_evaluate
     executor = runner.make_executor(options.workers, options.scheduler)
     phases = []
     try:
-        grid_fn = evaluate_des if options.engine == "des" else evaluate
         phases.append(run_phase("design points", points, grid_fn, options, executor))
-        traced_phase, quality = trace_phase(config, options, executor)
+        if options.parallel and options.trace_dirs():
+            print("note: trace-driven points are single-device; skipped with --tp/--pp", file=sys.stderr)
+            traced_phase, quality = None, None
+        else:
+            traced_phase, quality = trace_phase(config, options, executor)
     except KeyboardInterrupt:
         where = f" in {options.cache_dir}" if options.cache_dir else ""
         print(f"interrupted: finished points are saved{where}; rerun the same command to resume", file=sys.stderr)
@@ -109,6 +135,9 @@ def main(argv=None) -> int:
         if hasattr(executor, "close"):
             executor.close()
     table = phases[0].table
+    if options.wants_energy:  # computed fresh (the platform files are not part of a point's cache key)
+        from sim.parallel.sweep import energy_columns
+        table = pd.concat([table, energy_columns(table, options.price_per_hour)], axis=1)
     meta = dict(eval_s=phases[0].result.seconds, points_per_s=len(points) / max(phases[0].result.seconds, 1e-9),
                 config=asdict(config), options=asdict(options), engine=options.engine,
                 execution=[execution_line(p) for p in phases + ([traced_phase] if traced_phase else [])],
@@ -126,6 +155,8 @@ def main(argv=None) -> int:
         write_des_outputs(table, out_dir, meta, csv=a.csv)
     else:
         write_outputs(table, out_dir, meta, csv=a.csv)
+        if options.wants_energy and not a.no_plots:
+            energy_figure(config, options, out_dir)
     print(f"{len(table):,} points in {phases[0].result.seconds:.2f} s ({meta['points_per_s']:,.0f} points/s, "
           f"{phases[0].result.n_cached:,} from cache); total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     print(out_dir)

@@ -74,6 +74,10 @@ class RunOptions:
     trace_batches: list = field(default_factory=lambda: [1])
     qps: float = math.inf                 # des: request rate (inf: all requests at t=0)
     requests: int = 64                    # des: requests per serving run
+    tp: int = 1                           # tensor-parallel devices per point (sim.parallel; columns tp, pp)
+    pp: int = 1                           # pipeline stages per point
+    energy: bool = False                  # analytic: energy and cost columns (sim.parallel.sweep.ENERGY_COLUMNS)
+    price_per_hour: float | None = None   # USD per device-hour for the cost (default: each device's own)
 
     def __post_init__(self):
         if isinstance(self.workers, bool) or not isinstance(self.workers, (int, np.integer)) or self.workers < 1:
@@ -101,6 +105,25 @@ class RunOptions:
             raise ValueError(f"qps must be > 0 (or inf), got {self.qps}")
         if isinstance(self.requests, bool) or not isinstance(self.requests, (int, np.integer)) or self.requests < 1:
             raise ValueError(f"requests must be a positive integer, got {self.requests!r}")
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.energy, bool):
+            raise ValueError(f"energy must be true or false, got {self.energy!r}")
+        if self.price_per_hour is not None and not (isinstance(self.price_per_hour, (int, float))
+                                                    and math.isfinite(self.price_per_hour) and self.price_per_hour >= 0):
+            raise ValueError(f"price_per_hour must be a number >= 0, got {self.price_per_hour!r}")
+        if (self.energy or self.price_per_hour is not None) and self.engine == "des":
+            raise ValueError("energy columns are analytic (a static batch's operator tables): use --engine analytic")
+
+    @property
+    def parallel(self) -> bool:
+        return self.tp * self.pp > 1
+
+    @property
+    def wants_energy(self) -> bool:
+        return self.energy or self.price_per_hour is not None
 
     def trace_dirs(self) -> list[Path]:
         import traces

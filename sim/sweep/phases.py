@@ -16,7 +16,7 @@ def cache_key_columns(points: pd.DataFrame) -> list[str]:
     hashes stand in, so editing a device file recomputes exactly its points, and a renamed copy
     reuses them), the trace's content hash (not its path) and, for the DES, the load it serves."""
     names = {"hw", "model", "trace", "trace_path", "trace_model"}
-    extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "qps", "requests"]
+    extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "qps", "requests", "tp", "pp"]
     return [c for c in INPUT_COLUMNS if c not in names] + [c for c in extra if c in points.columns]
 
 
