@@ -29,27 +29,44 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvcommon.fields import at_least, param, validate
 from sim.op import Op, OpContext
 from sim.profiles import Profile, get_profile
 
 LAYOUTS = ("slots", "paged", "paged-head")
 DEFAULT_BLOCK_SIZE = 16     # vLLM's default block size (tokens per block)
+LAYOUT_FLAGS = ("name", "block_size", "compact_every")   # Layout's fields, as --layout --block-size --compact-every
 PREFILL_STEP = -1
 
 
 @dataclass(frozen=True)
 class Layout:
-    name: str = "slots"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    compact_every: int | None = None
+    """How a serving engine stores the KV of a trace-driven point (the flags of predict, serve and sweep)."""
+    name: str = param("slots", flag="--layout", choices=LAYOUTS,
+                      help="KV layout the trace's kept positions are stored in: slots (per-head token slots), "
+                           "paged (blocks shared by a layer's KV heads, as vLLM), paged-head (blocks per KV head); "
+                           "non-slot layouts need --trace")
+    block_size: int = param(DEFAULT_BLOCK_SIZE, check=at_least(1), help="tokens per KV block (paged layouts)")
+    compact_every: int | None = param(None, check=at_least(1), metavar="N",
+                                      help="compact the blocks after the prefill and every N decode steps "
+                                           "(charged as copies; default: never)")
 
     def __post_init__(self):
-        if self.name not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.name!r}")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        if self.compact_every is not None and (not isinstance(self.compact_every, int) or self.compact_every < 1):
-            raise ValueError(f"compact_every must be an integer >= 1 or None, got {self.compact_every!r}")
+        validate(self)
+
+    @property
+    def is_plain(self) -> bool:
+        """Slots without compaction: what every prediction without a layout already assumes."""
+        return self.name == "slots" and self.compact_every is None
+
+
+def apply_layout(trace, layout: Layout, profile):
+    """(the trace to take kv_override from, the profile to time with) for `layout`: the slot layout as is,
+    else the layout-adjusted trace and, with compaction, the profile plus its copies."""
+    if layout.is_plain:
+        return trace, profile
+    adjusted, copied = layout_trace(trace, layout)
+    return adjusted, with_compaction(profile, copied)
 
 
 def _decode_bitmap(blob: bytes, length: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from kvcommon.fields import add_flags, from_args
 from sim import policies
 from sim.cli import ArgumentParser, DefaultsHelpFormatter, check_context, run
 from sim.engine import Prediction, predict
+from sim.layouts import LAYOUT_FLAGS, Layout, apply_layout
 from sim.parallel import cli as deployment
 from sim.policies import NAMES as POLICIES
 
@@ -41,6 +42,7 @@ def build_parser() -> ArgumentParser:
     add_flags(p, DesignPoint, DESIGN_FLAGS, required=("hw", "model", "prompt", "gen"), choices={"policy": POLICIES},
               help={"profile": f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)"})
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
+    add_flags(p, Layout, LAYOUT_FLAGS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--breakdown", action="store_true", help="print the per-operator tables")
     deployment.add_flags(p)
@@ -52,13 +54,15 @@ def design_point(a) -> DesignPoint:
     return from_args(DesignPoint, a)
 
 
-def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int) -> np.ndarray:
-    """The trace's kept tokens per step and layer mapped onto this point (traces.load, no torch)."""
+def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int,
+                   layout: Layout = Layout(), profile="fused") -> tuple[np.ndarray, object]:
+    """(the trace's kept tokens per step and layer mapped onto this point, the profile to time it with):
+    in `layout`, the slots the kept tokens pay for (sim.layouts; traces.load, no torch)."""
     try:
         import traces
-        trace = traces.load(trace_dir)
+        trace, profile = apply_layout(traces.load(trace_dir), layout, profile)
         return np.asarray(trace.kv_override(policy=policy, cache_ratio=cache_ratio, prompt=prompt, gen=gen,
-                                            n_layers=n_layers), dtype=float)
+                                            n_layers=n_layers), dtype=float), profile
     except Exception as exc:   # any failure reading a trace is a problem with the user's folder
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"trace {trace_dir}: {message}") from None
@@ -99,6 +103,9 @@ def format_summary(pred: Prediction) -> str:
     policy = i["policy"] if i["policy"] == "full" else \
         f"{i['policy']}, cache ratio {i['cache_ratio']:g} (recent {i['recent_ratio']:g})"
     kv_src = " [KV lengths from trace]" if i["kv_source"] == "trace" else ""
+    if "layout" in i:
+        every = f", compacted every {i['compact_every']} steps" if i["compact_every"] else ""
+        kv_src += f" [{i['layout']} layout, {i['block_size']}-token blocks{every}]"
     kv_peak = pred.peak_memory_bytes - x["weight_bytes"]
     lines = [
         f"{i['model']} on {i['hw']} ({i['profile']} profile): {policy}{kv_src}",
@@ -134,12 +141,15 @@ def main(argv=None) -> int:
     note = check_context(load_model(a.model), a.prompt + a.gen, "prompt + gen")
     if note and a.json:     # the text summary carries its own note
         print(f"warning: {note}", file=sys.stderr)
-    override = None
+    layout = from_args(Layout, a)
+    if not layout.is_plain and not a.trace:
+        raise ValueError("--layout/--compact-every need --trace: the block accounting replays a trace's kept "
+                         "positions")
+    override, profile = None, a.profile
     if a.trace:
-        from sim.models import load_model
-        model = load_model(a.model)
-        override = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen, model.n_layers)
-    kw = dict(recent_ratio=a.recent_ratio, kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=a.profile,
+        override, profile = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen,
+                                           load_model(a.model).n_layers, layout, a.profile)
+    kw = dict(recent_ratio=a.recent_ratio, kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=profile,
               kv_override=override, beams=a.beams)
     if deployment.wants_parallel(a):      # tp x pp devices (sim.parallel); without the flags: one device, as before
         from sim import parallel
@@ -147,6 +157,8 @@ def main(argv=None) -> int:
                                 pp=a.pp, micro_batches=a.micro_batches)
     else:
         pred = predict(a.hw, a.model, a.batch, a.prompt, a.gen, a.policy, a.cache_ratio, **kw)
+    if not layout.is_plain:
+        pred.inputs.update(layout=layout.name, block_size=layout.block_size, compact_every=layout.compact_every)
     extras = deployment.energy_cost(pred, a) if deployment.wants_energy(a) else {}
     if a.json:
         out = {**pred.to_dict(), **extras}

@@ -22,11 +22,13 @@ import numpy as np
 import pandas as pd
 
 from sim import engine
+from sim.layouts import Layout, with_compaction
 from sim.models import list_models, load_model, spec_from_config
 from sim.tradeoff import trace_identity
 
 OWN = "own"                      # "the trace's own model / lengths" in the config
 TRACE_MODEL_PREFIX = "trace:"    # model cell for a trace's own model that is not a shipped name
+PLAIN = Layout()                 # per-head slots, no compaction: what a point without a layout axis means
 
 
 def bundled_traces() -> list[Path]:
@@ -111,7 +113,8 @@ def own_lengths(trace) -> tuple[int, int]:
     return max(prompt, 1), max(gen, 1)
 
 
-def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), batches=None) -> pd.DataFrame:
+def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), batches=None,
+               layouts=(PLAIN,)) -> pd.DataFrame:
     """Points for every trace x its captured (policy, cache ratio) x config devices, dtypes, profiles.
 
     A captured policy (or variant, e.g. `keyformer(noise=none)`) is kept when its base policy is in
@@ -143,6 +146,13 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
         frame["trace"] = trace_label(trace_dir)
         frame["trace_path"] = str(trace_dir.resolve())
         frame["trace_hash"] = identity
+        if list(layouts) != [PLAIN]:   # a layout axis: one copy of the points per layout
+            kept = trace.manifest.get("detail", "full") == "full"
+            parts = [frame.assign(layout=lay.name, block_size=lay.block_size, compact_every=lay.compact_every or 0)
+                     for lay in layouts if kept or lay.is_plain]   # blocks need kept positions
+            if not parts:
+                continue
+            frame = pd.concat(parts, ignore_index=True)
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=sweep.INPUT_COLUMNS + ["policy_label", "hw_hash", "model_hash", "trace",
@@ -150,15 +160,36 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
     return pd.concat(frames, ignore_index=True)
 
 
+@lru_cache(maxsize=16)
+def layout_trace(trace_path: str, identity: str, layout: Layout):
+    """(the trace in `layout`, copies per step) (sim.layouts; cached: the replay is the costly part)."""
+    from sim.layouts import layout_trace as adjust
+    return adjust(load_trace(trace_path, identity), layout)
+
+
 @lru_cache(maxsize=4096)
 def kv_override(trace_path: str, identity: str, label: str, cache_ratio: float, prompt: int, gen: int,
-                n_layers: int) -> np.ndarray:
+                n_layers: int, layout: Layout = PLAIN) -> np.ndarray:
     """The trace's kept tokens per step and layer for one target (cached: every device and batch of
-    the same trace x policy x ratio x lengths x depth reuses it, across the chunks of a process)."""
-    override = load_trace(trace_path, identity).kv_override(label, cache_ratio, prompt=prompt, gen=gen,
-                                                            n_layers=n_layers)
+    the same trace x policy x ratio x lengths x depth reuses it, across the chunks of a process); in a
+    paged `layout`, the slots those tokens keep alive."""
+    trace = load_trace(trace_path, identity) if layout.is_plain else layout_trace(trace_path, identity, layout)[0]
+    override = trace.kv_override(label, cache_ratio, prompt=prompt, gen=gen, n_layers=n_layers)
     override.setflags(write=False)
     return override
+
+
+def row_layout(row) -> Layout:
+    """A trace-driven point's layout (points of a sweep without a layout axis have none: slots)."""
+    name = getattr(row, "layout", "slots")
+    if not isinstance(name, str) or name == "slots" and not _given(getattr(row, "compact_every", None)):
+        return PLAIN
+    every = getattr(row, "compact_every", None)
+    return Layout(name, int(getattr(row, "block_size", 16)), int(every) if _given(every) else None)
+
+
+def _given(value) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and int(value) > 0
 
 
 def evaluate(points: pd.DataFrame) -> pd.DataFrame:
@@ -176,11 +207,14 @@ def evaluate(points: pd.DataFrame) -> pd.DataFrame:
         if row.model not in specs:
             specs[row.model] = resolve_model(row.model)
         hw, spec = devices[row.hw], specs[row.model]
+        layout = row_layout(row)
         override = kv_override(row.trace_path, row.trace_hash, row.policy_label, float(row.cache_ratio),
-                               int(row.prompt), int(row.gen), spec.n_layers)
+                               int(row.prompt), int(row.gen), spec.n_layers, layout)
+        profile = row.profile if layout.is_plain else \
+            with_compaction(row.profile, layout_trace(row.trace_path, row.trace_hash, layout)[1])
         r = engine.evaluate(hw, spec, row.policy, batch=row.batch, prompt=row.prompt, gen=row.gen,
                             cache_ratio=row.cache_ratio, recent_ratio=row.recent_ratio, beams=row.beams,
-                            kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype, profile=row.profile,
+                            kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype, profile=profile,
                             kv_override=override)
         out = {c: np.asarray(r[c]).ravel()[0] for c in sweep.OUTPUT_COLUMNS if c in r}
         out["weight_bytes"] = spec.weight_bytes(row.weight_dtype)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from kvcommon import DesignPoint, FieldError
-from kvcommon.fields import add_flags, flag_of
+from kvcommon.fields import add_flags, flag_of, help_of
+from sim.layouts import Layout
 from sim import cli, policies
 from sim.des.arrivals import ARRIVAL_KINDS
 from sim.des.metrics import STAT_KEYS, ServeResult
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, metavar="DIR", help="captured trace folder: per-request KV lengths")
     p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
                    help="per layer, average the KV heads or take the fullest one")
+    add_flags(p, Layout, ("name", "compact_every"), help={"name": help_of(Layout, "name") + " (blocks of --block-size)"})
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", default=None, metavar="CSV",
                    help="write the per-step timeline (memory over time); its folder must exist")
@@ -151,7 +153,8 @@ def _main(argv=None) -> int:
         weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
         chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
         admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
-        trace=args.trace, trace_heads=args.trace_heads, tp=args.tp, pp=args.pp)
+        trace=args.trace, trace_heads=args.trace_heads, tp=args.tp, pp=args.pp, layout=args.name,
+        compact_every=args.compact_every)
     try:
         res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
     except FieldError as exc:   # e.g. the workload's requests: worded with the flag that set it

@@ -18,6 +18,7 @@ from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, Sch
 from sim.des.server import ServingSimulation
 from sim.parallel.shard import shard_model
 from sim.parallel.timer import ParallelTimer
+from sim.layouts import LAYOUTS, Layout, apply_layout
 
 # Without chunked prefill, a prefill step takes at most this many tokens (vLLM v0's default
 # max_num_batched_tokens is max(max_model_len, 2048); we use the longest request in place of max_model_len).
@@ -61,6 +62,9 @@ class ServeConfig:
     # tensor / pipeline parallelism over the device's interconnect (sim.parallel); 1 x 1: one device
     tp: int = param(1, check=at_least(1))
     pp: int = param(1, check=at_least(1))
+    # how the engine stores the trace's kept tokens (sim.layouts; its blocks are block_size tokens)
+    layout: str = param("slots", choices=LAYOUTS)
+    compact_every: int | None = param(None, check=at_least(1))   # compaction interval in decode steps
 
     def __post_init__(self):
         """Errors name the field (`qps must be > 0 (or inf), got 0`); the CLI words them as flags."""
@@ -68,6 +72,12 @@ class ServeConfig:
         validate(self)
         if self.arrivals in ARRIVAL_KINDS and (self.prompt is None or self.gen is None or self.requests is None):
             raise ValueError(f"arrivals {self.arrivals} needs requests, prompt and gen")
+        if not self.kv_layout.is_plain and self.trace is None:
+            raise ValueError("layout and compact_every need a trace: the block accounting replays its kept positions")
+
+    @property
+    def kv_layout(self) -> Layout:
+        return Layout(self.layout, self.block_size, self.compact_every)
 
     def to_dict(self) -> dict:
         """Plain values; a loaded Device/ModelSpec is recorded by its name."""
@@ -87,10 +97,14 @@ CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 
 def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
     """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure."""
-    setup = engine.make_setup(cfg.hw, cfg.model, cfg.policy, cfg.weight_dtype, cfg.kv_dtype, cfg.profile)
+    profile = cfg.profile
     workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed)
     if cfg.trace is not None:
-        kv = TraceKV(load_trace(cfg.trace), cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads,
+        # a paged layout: each request holds (and each step reads) the blocks its kept tokens keep alive
+        trace, profile = apply_layout(load_trace(cfg.trace), cfg.kv_layout, cfg.profile)
+    setup = engine.make_setup(cfg.hw, cfg.model, cfg.policy, cfg.weight_dtype, cfg.kv_dtype, profile)
+    if cfg.trace is not None:
+        kv = TraceKV(trace, cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads,
                      model=setup.model)
     else:
         kv = PolicyKV(cfg.policy, cfg.cache_ratio, setup.model)
@@ -104,7 +118,7 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
     parallel = cfg.tp * cfg.pp > 1
     device_model = shard_model(setup.model, cfg.tp, cfg.pp) if parallel else setup.model
     budget = memory_budget(setup.hw, device_model, policy=cfg.policy, kv_dtype=cfg.kv_dtype,
-                           weight_dtype=cfg.weight_dtype, profile=cfg.profile, step_tokens=workspace_tokens,
+                           weight_dtype=cfg.weight_dtype, profile=profile, step_tokens=workspace_tokens,
                            memory_utilization=cfg.memory_utilization)
     block_bytes = cfg.block_size * budget.kv_bytes_per_token
     capacity_blocks = int(budget.kv_capacity_bytes // block_bytes)
@@ -119,7 +133,7 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
         max_step_tokens=None if cfg.chunked_prefill else step_tokens,
         admission=cfg.admission, watermark=cfg.watermark))
     timer_kw = dict(policy=cfg.policy, cache_ratio=cfg.cache_ratio, recent_ratio=cfg.recent_ratio,
-                    weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, profile=cfg.profile)
+                    weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, profile=profile)
     timer = (ParallelTimer(setup.hw, setup.model, tp=cfg.tp, pp=cfg.pp, **timer_kw) if parallel
              else AnalyticTimer(setup.hw, setup.model, **timer_kw))
     sim = ServingSimulation(sched, timer, progress=progress,

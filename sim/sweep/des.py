@@ -29,6 +29,7 @@ def write_des_outputs(table: pd.DataFrame, out_dir, meta: dict, csv: bool = Fals
         lines += [f"{int(failed.sum())} points could not run (column `des_error`), e.g.: "
                   f"{table.loc[failed, 'des_error'].iloc[0]}", ""]
     lines += meta.get("tradeoff_md", [])
+    lines += meta.get("layouts_md", [])
     atomic_write_text(out_dir / "summary.md", "\n".join(lines))
     written.append(out_dir / "summary.md")
     return written

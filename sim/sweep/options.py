@@ -72,6 +72,11 @@ class RunOptions:
     trace_prompts: list = field(default_factory=lambda: [OWN])
     trace_gens: list = field(default_factory=lambda: [OWN])
     trace_batches: list = field(default_factory=lambda: [1])
+    # KV layouts of the trace-driven points (sim.layouts): slots and/or paged, paged-head (blocks of
+    # trace_block_size tokens, compacted every trace_compact_every decode steps when set)
+    trace_layouts: list = field(default_factory=lambda: ["slots"])
+    trace_block_size: int = 16
+    trace_compact_every: int | None = None
     qps: float = math.inf                 # des: request rate (inf: all requests at t=0)
     requests: int = 64                    # des: requests per serving run
     tp: int = 1                           # tensor-parallel devices per point (sim.parallel; columns tp, pp)
@@ -84,7 +89,7 @@ class RunOptions:
             raise ValueError(f"workers must be a positive integer, got {self.workers!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        for name in ("traces", "trace_models", "trace_prompts", "trace_gens", "trace_batches"):
+        for name in ("traces", "trace_models", "trace_prompts", "trace_gens", "trace_batches", "trace_layouts"):
             value = getattr(self, name)
             if isinstance(value, (str, int)):
                 setattr(self, name, [value])
@@ -95,6 +100,7 @@ class RunOptions:
         self.trace_batches = _own_or_positive(self.trace_batches, "trace_batches")
         if OWN in self.trace_batches:
             raise ValueError("trace_batches: expected positive integers")
+        self.layouts()     # a bad layout, block size or interval is a one-line error now
         if isinstance(self.qps, bool) or not isinstance(self.qps, (int, float, str)):
             raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}")
         try:
@@ -124,6 +130,18 @@ class RunOptions:
     @property
     def wants_energy(self) -> bool:
         return self.energy or self.price_per_hour is not None
+
+    def layouts(self) -> list:
+        """The trace-driven points' layouts (sim.layouts.Layout), in the order given."""
+        from sim.layouts import Layout
+        from kvcommon.fields import FieldError
+        out = []
+        for name in self.trace_layouts:
+            try:
+                out.append(Layout() if name == "slots" else Layout(name, self.trace_block_size, self.trace_compact_every))
+            except FieldError as exc:
+                raise ValueError(f"trace_{'layouts' if exc.field == 'name' else exc.field}: {exc}") from None
+        return list(dict.fromkeys(out))
 
     def trace_dirs(self) -> list[Path]:
         import traces

@@ -16,7 +16,8 @@ def cache_key_columns(points: pd.DataFrame) -> list[str]:
     hashes stand in, so editing a device file recomputes exactly its points, and a renamed copy
     reuses them), the trace's content hash (not its path) and, for the DES, the load it serves."""
     names = {"hw", "model", "trace", "trace_path", "trace_model"}
-    extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "qps", "requests", "tp", "pp"]
+    extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "layout", "block_size", "compact_every", "qps",
+             "requests", "tp", "pp"]
     return [c for c in INPUT_COLUMNS if c not in names] + [c for c in extra if c in points.columns]
 
 
@@ -52,7 +53,7 @@ def trace_phase(config: GridConfig, options: RunOptions, executor):
     if not dirs:
         return None, None
     grid = traced.trace_grid(config, dirs, models=options.trace_models, prompts=options.trace_prompts,
-                             gens=options.trace_gens, batches=options.trace_batches)
+                             gens=options.trace_gens, batches=options.trace_batches, layouts=options.layouts())
     if options.engine == "des":   # the serving simulator times base policies only (no noise variants)
         grid = grid[grid["policy_label"] == grid["policy"]].reset_index(drop=True)
     quality = pd.concat([tradeoff.measured_quality(traced.load_trace(str(d), tradeoff.trace_identity(d)),

@@ -130,6 +130,7 @@ def summary_markdown(table: pd.DataFrame, meta: dict) -> str:
               ""]
     # the headline: what each policy x budget costs in measured quality and buys in predicted speed
     lines += meta.get("tradeoff_md", [])
+    lines += meta.get("layouts_md", [])
     lines += ["## What a smaller cache buys (formula-driven grid)", ""]
     for policy, ratio, why in HEADLINE_BUDGETS:
         h = headline(table, policy, ratio)

@@ -150,11 +150,50 @@ def test_freed_table_orders_the_layouts_and_draws(tmp_path):
 
 
 def test_bad_layouts_are_one_line_errors():
-    with pytest.raises(ValueError, match="layout must be one of slots, paged, paged-head"):
+    with pytest.raises(ValueError, match="name must be one of slots, paged, paged-head"):
         Layout("blocks")
-    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
         Layout("paged", block_size=0)
     trace, _ = synthetic_trace()
     trace.__dict__["kept"] = pd.DataFrame()
     with pytest.raises(ValueError, match="no kept positions"):
         layout_table(trace, Layout("paged"))
+
+
+def test_serve_admits_by_the_blocks_a_layout_keeps_alive():
+    from sim.serve import simulate
+    trace, _ = synthetic_trace(keep=0.25)
+    kw = dict(prompt=4000, gen=STEPS, qps=float("inf"), requests=16, trace=trace, block_size=B)
+    slots = simulate("h200-sxm", "llama-2-7b", "h2o", 0.25, **kw)
+    paged = simulate("h200-sxm", "llama-2-7b", "h2o", 0.25, layout="paged", **kw)
+    assert paged.config["layout"] == "paged" and slots.config["layout"] == "slots"
+    assert paged.peak_kv_bytes > slots.peak_kv_bytes
+    with pytest.raises(ValueError, match="layout and compact_every need a trace"):
+        simulate("h200-sxm", "llama-2-7b", "h2o", 0.25, prompt=100, gen=4, requests=2, layout="paged")
+
+
+def test_sweep_options_and_trace_points_carry_the_layout(monkeypatch):
+    from sim import traced
+    from sim.sweep.options import RunOptions
+    opts = RunOptions(traces=[], trace_layouts=["slots", "paged"], trace_block_size=B, trace_compact_every=4)
+    assert opts.layouts() == [Layout("slots"), Layout("paged", block_size=B, compact_every=4)]
+    with pytest.raises(ValueError, match="trace_layouts: name must be one of slots, paged, paged-head"):
+        RunOptions(trace_layouts=["blocks"])
+    with pytest.raises(ValueError, match="trace_block_size"):
+        RunOptions(trace_layouts=["paged"], trace_block_size=0)
+    trace, _ = synthetic_trace(keep=0.25)
+    monkeypatch.setattr(traced, "load_trace", lambda path, identity=None: trace)
+    traced.layout_trace.cache_clear()
+    traced.kv_override.cache_clear()
+    base = dict(hw="h200-sxm", model="llama-2-7b", policy="h2o", policy_label="h2o", cache_ratio=0.25,
+                recent_ratio=0.3, batch=4, beams=1, prompt=4000, gen=STEPS, kv_dtype="bf16", weight_dtype="bf16",
+                profile="fused", trace_path="synthetic", trace_hash="synthetic")
+    points = pd.DataFrame([dict(base, layout="slots", block_size=B, compact_every=0),
+                           dict(base, layout="paged", block_size=B, compact_every=0),
+                           dict(base, layout="paged", block_size=B, compact_every=4)])
+    out = traced.evaluate(points)
+    slots, paged, compacted = out.itertuples(index=False)
+    assert paged.max_batch < slots.max_batch and paged.tpot_s > slots.tpot_s
+    assert slots.max_batch >= compacted.max_batch > paged.max_batch
+    traced.layout_trace.cache_clear()
+    traced.kv_override.cache_clear()
