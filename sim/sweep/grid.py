@@ -70,11 +70,6 @@ class GridConfig:
         self.kv_dtypes = [canonical_dtype(v) for v in self.kv_dtypes]
         self.weight_dtypes = [canonical_dtype(v) for v in self.weight_dtypes]
 
-    @classmethod
-    def from_yaml(cls, path) -> "GridConfig":
-        from sim.sweep.options import load_config   # options builds on the grid: import at call time
-        return load_config(path)[0]
-
 
 INPUT_COLUMNS = ["hw", "model", "policy", "cache_ratio", "recent_ratio", "batch", "beams", "prompt", "gen",
                  "kv_dtype", "weight_dtype", "profile"]
