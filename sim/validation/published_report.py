@@ -25,7 +25,7 @@ STALE_PCT = 0.5            # in-sample predictions moved by more than this since
 EXAMPLES = ("TRT090/h200-sxm/mistral-7b-v0.1/b120/128+2048/out_tok_per_s",
             "TRT090/h100-sxm/mistral-7b-v0.1/b120/128+2048/out_tok_per_s")
 GPU_RUN_NOTE = ("No GPU run entered this report: no GPU was lent to this session (issue 13 part 5); "
-                "`traces/gpu/` holds the script to run when one is.")
+                "`workflows/gpu/` holds the script to run when one is.")
 
 
 @dataclass
