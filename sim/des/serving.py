@@ -89,6 +89,8 @@ class ServeConfig:
             out["trace"] = str(getattr(out["trace"], "path", out["trace"]))
         if out["tp"] == 1 and out["pp"] == 1:      # one device: the outputs it always had (tests/golden)
             del out["tp"], out["pp"]
+        if self.kv_layout.is_plain:                # per-head slots: likewise
+            del out["layout"], out["compact_every"]
         return out
 
 
