@@ -26,7 +26,7 @@
 # This notebook recomputes each figure with `sim.engine` for two software stacks: `fused` (ideal
 # kernels: one pass over the weights and the kept KV per step) and `hf-eager` (the paper's stack:
 # Hugging Face eager attention, `torch.cat` cache growth and beam-search cache reordering, written
-# down as explicit operators in `sim/profile_hf_eager.py`). Paper numbers come from
+# down as explicit operators in `sim/profiles/hf_eager.py`). Paper numbers come from
 # `sim/references/keyformer_mlsys24.csv`; every predicted number here is computed below, nothing is
 # typed in.
 

@@ -25,7 +25,7 @@ def profile_names() -> list[str]:
     """Registered software-stack profiles, plugins included (for --help)."""
     from sim import profiles
     try:
-        profiles._load_plugins()
+        profiles.load_all()
     except Exception:   # a broken plugin is reported when it is used, not in --help
         pass
     return sorted(profiles.PROFILES)

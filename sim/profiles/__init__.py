@@ -43,6 +43,5 @@ def load_all() -> None:
                 raise
 
 
-_load_plugins = load_all        # the name sim.predict calls (kept until its callers switch)
 
 __all__ = ["CORE_OPS", "PROFILES", "Profile", "get_profile", "load_all", "register_profile"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim import profile_engines as pe
+from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
 
 LOSO_TARGET_OVERALL = 10.0
@@ -131,7 +131,7 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         lines.append(f"| {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | {lo['max_error']:.1f} |")
     lines.append("")
     terms = data["engines"]["trtllm"]["terms"]
-    lines += ["Fitted terms (`trtllm`; shared by every device; bounds are physical ranges, sim/profile_engines.py):", "",
+    lines += ["Fitted terms (`trtllm`; shared by every device; bounds are physical ranges, sim/profiles/engines.py):", "",
               "| term | value | bounds | meaning |", "|---|---|---|---|"]
     for name, t in terms.items():
         lines.append(f"| {name} | {float(t['value']):.4g} {t.get('unit', '')} | {t.get('bounds')} | {t.get('meaning', '')} |")

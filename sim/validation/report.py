@@ -166,7 +166,7 @@ def _paper_section(paper: pd.DataFrame) -> list[str]:
             cols.append((f"{p}_err", f"{p} error %"))
     return ["## Published references under each profile", "",
             "The paper ran Hugging Face eager code; `hf-eager` models it operator by operator "
-            "(sim/profile_hf_eager.py), `fused` is the ideal one-pass roofline. Rows are predicted under the "
+            "(sim/profiles/hf_eager.py), `fused` is the ideal one-pass roofline. Rows are predicted under the "
             "profile named in their `software` column; the others are shown for comparison.", "",
             _table(df, cols), ""]
 

@@ -25,9 +25,3 @@ def test_get_profile_passes_objects_through_and_names_unknown_ones():
     assert isinstance(p, Profile) and get_profile(p) is p
     with pytest.raises(ValueError, match="unknown profile 'nope'; registered: .*fused"):
         get_profile("nope")
-
-
-def test_old_engine_profile_path_still_imports():
-    from sim import profile_engines
-    from sim.profiles import engines
-    assert profile_engines.make_profile is engines.make_profile and profile_engines.FIT_FILE == engines.FIT_FILE
