@@ -69,6 +69,11 @@ if [[ $what == layouts || $what == all ]]; then
     --dataset tinystories --n 200 --max-new-tokens 64 --batch-size 25 --out $DATA/stories260k/tinystories-kept
   python -m traces.capture $LAYOUT --model smollm2-135m --policy window,h2o,keyformer,snapkv,tova --cache-ratios 0.2,0.5 \
     --dataset xsum --n 20 --max-prompt-tokens 512 --max-new-tokens 64 --batch-size 10 --out $DATA/smollm2-135m/xsum-kept
+  # the adaptive budgets (per-head and per-layer lengths from the data), the same samples and budgets
+  python -m traces.capture $LAYOUT --model stories260k --policy mass,pyramidkv,adakv --cache-ratios 0.2,0.5 \
+    --dataset tinystories --n 200 --max-new-tokens 64 --batch-size 25 --out $DATA/stories260k/tinystories-adaptive
+  python -m traces.capture $LAYOUT --model smollm2-135m --policy mass,pyramidkv,adakv --cache-ratios 0.2,0.5 \
+    --dataset xsum --n 20 --max-prompt-tokens 512 --max-new-tokens 64 --batch-size 10 --out $DATA/smollm2-135m/xsum-adaptive
 fi
 if [[ $what == quality || $what == all ]]; then
   # Only the capture traces (traces/data also holds timing runs of another kind).
