@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvcommon.cli import OneLineParser, positive_int, run
 from sim import cost, energy, parallel
 
 COLUMNS = ("hw", "model", "policy", "cache_ratio", "tp", "pp", "devices", "batch", "tokens_per_s", "tpot_s",
@@ -88,26 +89,16 @@ def _floats(text: str) -> list[float]:
     return values
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sim.energy_plot", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m sim.energy_plot", description=__doc__.split("\n")[0])
     p.add_argument("--hw", default="h100-sxm,h200-sxm,a100-80g-sxm,mi300x,l40s", help="comma-separated devices")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--policy", default="h2o")
     p.add_argument("--cache-ratios", type=_floats, default=[0.1, 0.2, 0.3, 0.5, 0.75, 1.0])
-    p.add_argument("--prompt", type=_positive, default=4096)
-    p.add_argument("--gen", type=_positive, default=512)
-    p.add_argument("--tp", type=_positive, default=1)
-    p.add_argument("--pp", type=_positive, default=1)
+    p.add_argument("--prompt", type=positive_int, default=4096)
+    p.add_argument("--gen", type=positive_int, default=512)
+    p.add_argument("--tp", type=positive_int, default=1)
+    p.add_argument("--pp", type=positive_int, default=1)
     p.add_argument("--weight-dtype", default="bf16")
     p.add_argument("--kv-dtype", default="bf16")
     p.add_argument("--profile", default="fused")
@@ -135,4 +126,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

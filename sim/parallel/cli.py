@@ -9,19 +9,11 @@ from __future__ import annotations
 import argparse
 import math
 
+from kvcommon.cli import positive_int
+
 DEPLOYMENT_KEYS = ("tp", "pp", "devices", "micro_batches", "bubble_factor", "comm_decode_s", "comm_prefill_s",
                    "kv_replication", "weight_bytes_per_device", "model_weight_bytes", "kv_bytes_per_token_per_device",
                    "interconnect")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _price(text: str) -> float:
@@ -38,10 +30,10 @@ def add_flags(p, *, micro_batches: bool = True, energy: bool = True, unset: bool
     """`unset`: every default None (a sweep's flags override its YAML file only when given)."""
     g = p.add_argument_group("multi-device, energy and cost (issue 18; off by default)")
     one = None if unset else 1
-    g.add_argument("--tp", type=_positive_int, default=one, help="tensor-parallel devices (sim.parallel; default 1)")
-    g.add_argument("--pp", type=_positive_int, default=one, help="pipeline-parallel stages (sim.parallel; default 1)")
+    g.add_argument("--tp", type=positive_int, default=one, help="tensor-parallel devices (sim.parallel; default 1)")
+    g.add_argument("--pp", type=positive_int, default=one, help="pipeline-parallel stages (sim.parallel; default 1)")
     if micro_batches:
-        g.add_argument("--micro-batches", type=_positive_int, default=None,
+        g.add_argument("--micro-batches", type=positive_int, default=None,
                        help="pipeline micro-batches (default: min(batch, pp))")
     if energy:
         g.add_argument("--energy", action="store_true", default=None if unset else False,

@@ -39,13 +39,9 @@ class ParallelPrediction:
     stage: engine.Prediction          # one device at one micro-batch, as the engine predicts it
     extra: dict = field(default_factory=dict)
 
-    def summary(self) -> dict:
-        keys = ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s",
-                "max_batch_all_at_once", "max_batch_all_at_once_tokens_per_s")
-        return {k: getattr(self, k) for k in keys}
-
-    def to_dict(self) -> dict:
-        return {**self.inputs, **self.summary(), **self.extra}
+    # the same summary and flat dict as a one-device Prediction (the fields they read exist here too)
+    summary = engine.Prediction.summary
+    to_dict = engine.Prediction.to_dict
 
 
 def micro_batches(batch, pp: int, fixed: int | None = None):
