@@ -42,6 +42,9 @@ def build_parser() -> ArgumentParser:
     add_flags(p, DesignPoint, DESIGN_FLAGS, required=("hw", "model", "prompt", "gen"), choices={"policy": POLICIES},
               help={"profile": f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)"})
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
+    p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
+                   help="with --trace: per layer, the mean KV head (a ragged attention kernel) or the fullest one "
+                        "(a kernel padded to the longest head), as sim.serve --trace-heads")
     add_flags(p, Layout, LAYOUT_FLAGS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--breakdown", action="store_true", help="print the per-operator tables")
@@ -55,14 +58,14 @@ def design_point(a) -> DesignPoint:
 
 
 def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int,
-                   layout: Layout = Layout(), profile="fused") -> tuple[np.ndarray, object]:
+                   layout: Layout = Layout(), profile="fused", heads: str = "mean") -> tuple[np.ndarray, object]:
     """(the trace's kept tokens per step and layer mapped onto this point, the profile to time it with):
     in `layout`, the slots the kept tokens pay for (sim.layouts; traces.load, no torch)."""
     try:
         import traces
         trace, profile = apply_layout(traces.load(trace_dir), layout, profile)
         return np.asarray(trace.kv_override(policy=policy, cache_ratio=cache_ratio, prompt=prompt, gen=gen,
-                                            n_layers=n_layers), dtype=float), profile
+                                            n_layers=n_layers, heads=heads), dtype=float), profile
     except Exception as exc:   # any failure reading a trace is a problem with the user's folder
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"trace {trace_dir}: {message}") from None
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
     override, profile = None, a.profile
     if a.trace:
         override, profile = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen,
-                                           load_model(a.model).n_layers, layout, a.profile)
+                                           load_model(a.model).n_layers, layout, a.profile, a.trace_heads)
     kw = dict(recent_ratio=a.recent_ratio, kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=profile,
               kv_override=override, beams=a.beams)
     if deployment.wants_parallel(a):      # tp x pp devices (sim.parallel); without the flags: one device, as before

@@ -78,7 +78,7 @@ def test_trace_feeds_kv_override(capsys, monkeypatch):
     monkeypatch.setattr(traces, "load", lambda path: FakeTrace())
     code, out, _ = cli(BASE + ["--policy", "keyformer", "--cache-ratio", "0.25", "--trace", "somewhere", "--json"], capsys)
     assert code == 0
-    assert calls == dict(policy="keyformer", cache_ratio=0.25, prompt=4096, gen=4096, n_layers=32)
+    assert calls == dict(policy="keyformer", cache_ratio=0.25, prompt=4096, gen=4096, n_layers=32, heads="mean")
     traced = json.loads(out)
     code, out, _ = cli(BASE + ["--policy", "keyformer", "--cache-ratio", "0.25", "--json"], capsys)
     formula = json.loads(out)
@@ -126,3 +126,17 @@ def test_module_entry_point_end_to_end():
     bad = subprocess.run([sys.executable, "-m", "sim.predict", *BASE, "--kv-dtype", "fp7"], cwd=REPO,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1
+
+
+def test_trace_heads_selects_a_ragged_or_padded_attention_kernel(capsys):
+    """adakv's heads hold different lengths: a kernel padded to the fullest head reads more than the mean."""
+    import json
+    from sim import predict as cli
+    trace = str(Path(__file__).resolve().parents[2] / "traces/data/stories260k/tinystories-adaptive")
+    out = {}
+    for heads in ("mean", "max"):
+        assert cli.main(["--hw", "h200-sxm", "--model", "llama-2-7b", "--batch", "8", "--prompt", "1024", "--gen",
+                         "64", "--policy", "adakv", "--cache-ratio", "0.5", "--trace", trace, "--trace-heads", heads,
+                         "--json"]) == 0
+        out[heads] = json.loads(capsys.readouterr().out)
+    assert out["max"]["tpot_s"] > out["mean"]["tpot_s"] and out["max"]["max_batch"] < out["mean"]["max_batch"]
