@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kvcommon import FieldError
+from sim.des.lengths import LengthDist, draw_lengths
 
 ARRIVAL_KINDS = ("poisson", "gamma")
 
@@ -64,8 +65,9 @@ def _gaps(kind: str, qps: float, n: int, cv: float, rng: np.random.Generator) ->
 
 
 def synthetic_workload(kind: str, qps: float, requests: int, prompt: int, gen: int, *,
-                       cv: float = 1.0, seed: int = 0) -> Workload:
-    """`requests` requests of fixed lengths arriving as a Poisson or gamma process at `qps`."""
+                       cv: float = 1.0, seed: int = 0, prompt_dist="fixed", gen_dist="fixed") -> Workload:
+    """`requests` requests arriving as a Poisson or gamma process at `qps`, their lengths `prompt` and
+    `gen` (fixed) or drawn from distributions of that mean (sim.des.lengths)."""
     if kind not in ARRIVAL_KINDS:
         raise ValueError(f"unknown arrival process {kind!r}; expected one of {', '.join(ARRIVAL_KINDS)} or a file")
     # errors name the fields (sim.des.cli words them as flags)
@@ -83,8 +85,10 @@ def synthetic_workload(kind: str, qps: float, requests: int, prompt: int, gen: i
     gaps[0] = 0.0  # vLLM sends the first request immediately, then sleeps a gap before each next one
     arrival = np.cumsum(gaps)
     source = "poisson" if kind == "poisson" else f"gamma(cv={cv:g})"
-    return Workload(arrival, np.full(requests, prompt, dtype=np.int64),
-                    np.full(requests, gen, dtype=np.int64), source)
+    pdist, gdist = LengthDist.parse(prompt_dist), LengthDist.parse(gen_dist)
+    source += "".join(f", {what} lengths {d}" for what, d in (("prompt", pdist), ("output", gdist)) if not d.is_fixed)
+    prompts, outputs = draw_lengths(prompt, gen, requests, seed, pdist, gdist)
+    return Workload(arrival, prompts, outputs, source)
 
 
 def _pick_column(frame: pd.DataFrame, names: tuple[str, ...], what: str, path: Path) -> str:
@@ -147,10 +151,11 @@ def load_workload(path: str | Path, requests: int | None = None) -> Workload:
 
 
 def make_workload(arrivals: str, qps: float, requests: int | None, prompt: int | None, gen: int | None, *,
-                  cv: float = 1.0, seed: int = 0) -> Workload:
+                  cv: float = 1.0, seed: int = 0, prompt_dist="fixed", gen_dist="fixed") -> Workload:
     """`arrivals` is 'poisson', 'gamma' or a replay file path (which then gives the lengths)."""
     if arrivals in ARRIVAL_KINDS:
         if requests is None or prompt is None or gen is None:
             raise ValueError(f"arrivals {arrivals} needs requests, prompt and gen")
-        return synthetic_workload(arrivals, qps, requests, prompt, gen, cv=cv, seed=seed)
+        return synthetic_workload(arrivals, qps, requests, prompt, gen, cv=cv, seed=seed,
+                                  prompt_dist=prompt_dist, gen_dist=gen_dist)
     return load_workload(arrivals, requests)

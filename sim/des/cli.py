@@ -18,6 +18,7 @@ from sim.des.arrivals import ARRIVAL_KINDS
 from sim.des.metrics import STAT_KEYS, ServeResult
 from sim.des.scheduler import ADMISSION_MODES
 from sim.des.serving import ServeConfig, run_config
+from sim.des.slo import SLO, find_max_qps
 from sim.parallel import cli as deployment
 
 DESCRIPTION = "Discrete-event simulation of one accelerator serving a request stream (vLLM-like continuous batching)."
@@ -37,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                    "prompt_tokens, output_tokens per row)")
     p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation of the gaps")
     p.add_argument("--seed", type=int, default=0)
+    add_flags(p, ServeConfig, ("prompt_dist", "gen_dist"))
     add_flags(p, DesignPoint, ("kv_dtype", "weight_dtype", "profile"))
     p.add_argument("--max-batch", type=int, default=None, help="max requests in flight (default: memory decides)")
     p.add_argument("--chunked-prefill", type=int, default=None, metavar="TOKENS",
@@ -51,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
                    help="per layer, average the KV heads or take the fullest one")
     add_flags(p, Layout, ("name", "compact_every"), help={"name": help_of(Layout, "name") + " (blocks of --block-size)"})
+    slo = p.add_argument_group("SLO capacity search (sim.des.slo)")
+    add_flags(slo, SLO, ("slo_ttft_p99", "slo_tpot_p99"))
+    slo.add_argument("--find-max-qps", action="store_true",
+                     help="search (over log qps) the highest request rate whose P99 TTFT and P99 TPOT meet the "
+                          "--slo-* limits; --qps is then not used")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", default=None, metavar="CSV",
                    help="write the per-step timeline (memory over time); its folder must exist")
@@ -144,17 +151,26 @@ def _main(argv=None) -> int:
     estimate = run_estimate(args.requests, args.gen)
     if estimate:
         print(f"warning: {estimate}", file=sys.stderr)
+    if args.arrivals not in ARRIVAL_KINDS and (args.prompt_dist != "fixed" or args.gen_dist != "fixed"):
+        raise cli.UserError("--prompt-dist / --gen-dist draw synthetic lengths: a replay file (--arrivals FILE) "
+                            "gives its own")
     if args.arrivals in ARRIVAL_KINDS and (args.prompt is None or args.gen is None):
         raise cli.UserError(f"--arrivals {args.arrivals} needs --requests, --prompt and --gen")
     cfg = serve_config(
         hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
         recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,
-        gen=args.gen, arrivals=args.arrivals, cv=args.cv, seed=args.seed, kv_dtype=args.kv_dtype,
+        gen=args.gen, arrivals=args.arrivals, cv=args.cv, seed=args.seed, prompt_dist=args.prompt_dist,
+        gen_dist=args.gen_dist, kv_dtype=args.kv_dtype,
         weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
         chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
         admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
         trace=args.trace, trace_heads=args.trace_heads, tp=args.tp, pp=args.pp, layout=args.name,
         compact_every=args.compact_every)
+    slo = _slo(args)
+    if args.find_max_qps:
+        return _search(cfg, slo, args)
+    if slo.given:
+        raise cli.UserError("--slo-ttft-p99 / --slo-tpot-p99 set the limits of --find-max-qps: add it")
     try:
         res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
     except FieldError as exc:   # e.g. the workload's requests: worded with the flag that set it
@@ -164,6 +180,40 @@ def _main(argv=None) -> int:
     if args.per_request:
         _write_csv(res.requests, args.per_request)
     print(json.dumps(_jsonable(res.to_dict())) if args.json else format_report(res))
+    return 0
+
+
+def _slo(args) -> SLO:
+    try:
+        return SLO(slo_ttft_p99=args.slo_ttft_p99, slo_tpot_p99=args.slo_tpot_p99)
+    except FieldError as exc:
+        raise exc.for_flag(flag_of(SLO, exc.field)) from None
+
+
+def _search(cfg: ServeConfig, slo: SLO, args) -> int:
+    """--find-max-qps: the search's probes, the rate found and the full report at it."""
+    if not slo.given:
+        raise cli.UserError("--find-max-qps needs --slo-ttft-p99 and/or --slo-tpot-p99")
+    if cfg.arrivals not in ARRIVAL_KINDS:
+        raise cli.UserError("--find-max-qps varies the request rate: use --arrivals poisson or gamma")
+    try:
+        found = find_max_qps(cfg, slo)
+    except FieldError as exc:
+        raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
+    if args.json:
+        out = {**found.to_dict(), "slo": {"ttft_p99_s": slo.slo_ttft_p99, "tpot_p99_s": slo.slo_tpot_p99},
+               "config": found.at_max.config if found.at_max is not None else cfg.to_dict()}
+        print(json.dumps(_jsonable(out)))
+        return 0
+    lines = [f"SLO capacity search: {slo.describe()}, {cfg.requests} requests per run", "",
+             f"{'qps':>12s}{'P99 TTFT':>12s}{'P99 TPOT':>12s}  meets"]
+    for p in found.probes:
+        lines.append(f"{p.qps:>12.4g}{cli.duration(p.ttft_p99):>12s}{cli.duration(p.tpot_p99):>12s}  "
+                     + ("yes" if p.ok else f"no ({p.problem})"))
+    lines += ["", f"max qps meeting the SLO: {found.max_qps:.4g} req/s ({found.runs} simulations; bound: {found.reason})"]
+    if found.at_max is not None:
+        lines += ["", format_report(found.at_max)]
+    print("\n".join(lines))
     return 0
 
 

@@ -13,6 +13,7 @@ from kvcommon.fields import at_least, in_range, param, validate
 from sim import engine, kvlen
 from sim.des.analytic import AnalyticTimer, PolicyKV, TraceKV, load_trace, memory_budget
 from sim.des.arrivals import ARRIVAL_KINDS, make_workload
+from sim.des.lengths import SPEC_HELP, LengthDist, check_spec
 from sim.des.metrics import ServeResult, build_result
 from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, SchedulerConfig
 from sim.des.server import ServingSimulation
@@ -23,6 +24,15 @@ from sim.layouts import LAYOUTS, Layout, apply_layout
 # Without chunked prefill, a prefill step takes at most this many tokens (vLLM v0's default
 # max_num_batched_tokens is max(max_model_len, 2048); we use the longest request in place of max_model_len).
 MIN_STEP_TOKENS = 2048
+
+
+def _dist_name(spec) -> str:
+    """A length-distribution spec in its canonical spelling ('lognormal:1.0' -> 'lognormal:1'); a bad one
+    is left for the check to word."""
+    try:
+        return str(LengthDist.parse(spec))
+    except ValueError:
+        return spec
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,11 @@ class ServeConfig:
     gen: int | None = None
     arrivals: str = "poisson"              # poisson | gamma | path of a CSV/JSONL replay file
     cv: float = 1.0                        # gamma arrivals: coefficient of variation of the gaps
+    # per-request lengths drawn around prompt / gen (their means; sim.des.lengths): fixed | uniform:W | lognormal:S
+    prompt_dist: str = param("fixed", check=check_spec, convert=_dist_name, metavar="DIST",
+                             help="prompt lengths: " + SPEC_HELP)
+    gen_dist: str = param("fixed", check=check_spec, convert=_dist_name, metavar="DIST",
+                          help="output lengths: " + SPEC_HELP)
     seed: int = 0
     kv_dtype: str = param(DEFAULT_DTYPE, choices=DTYPES, convert=dtype_name)
     weight_dtype: str = param(DEFAULT_DTYPE, choices=DTYPES, convert=dtype_name)
@@ -72,6 +87,8 @@ class ServeConfig:
         validate(self)
         if self.arrivals in ARRIVAL_KINDS and (self.prompt is None or self.gen is None or self.requests is None):
             raise ValueError(f"arrivals {self.arrivals} needs requests, prompt and gen")
+        if (self.prompt_dist != "fixed" or self.gen_dist != "fixed") and self.arrivals not in ARRIVAL_KINDS:
+            raise ValueError("prompt_dist and gen_dist draw synthetic lengths: a replay file gives its own")
         if not self.kv_layout.is_plain and self.trace is None:
             raise ValueError("layout and compact_every need a trace: the block accounting replays its kept positions")
 
@@ -89,6 +106,9 @@ class ServeConfig:
             out["trace"] = str(getattr(out["trace"], "path", out["trace"]))
         if out["tp"] == 1 and out["pp"] == 1:      # one device: the outputs it always had (tests/golden)
             del out["tp"], out["pp"]
+        for key in ("prompt_dist", "gen_dist"):    # fixed lengths: likewise
+            if out[key] == "fixed":
+                del out[key]
         if self.kv_layout.is_plain:                # per-head slots: likewise
             del out["layout"], out["compact_every"]
         return out
@@ -100,7 +120,8 @@ CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
     """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure."""
     profile = cfg.profile
-    workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed)
+    workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed,
+                             prompt_dist=cfg.prompt_dist, gen_dist=cfg.gen_dist)
     if cfg.trace is not None:
         # a paged layout: each request holds (and each step reads) the blocks its kept tokens keep alive
         trace, profile = apply_layout(load_trace(cfg.trace), cfg.kv_layout, cfg.profile)

@@ -10,6 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from kvcommon import DesignPoint
+from kvcommon.fields import add_flags, help_of
+from sim.des.serving import ServeConfig
+from sim.des.slo import SLO
 from sim import runner
 from sim.cli import ArgumentParser, csv_list, positive_int
 from sim.parallel import cli as deployment
@@ -53,8 +56,14 @@ def build_parser() -> ArgumentParser:
     run_group.add_argument("--cache-dir", metavar="DIR", help="per-point result cache (default .cache/sweep)")
     run_group.add_argument("--no-cache", action="store_true", help="compute every point, store nothing")
     run_group.add_argument("--engine", choices=ENGINES, help="analytic (default) or des (serving simulation per point)")
-    run_group.add_argument("--qps", type=float, metavar="RATE", help="des: request rate per point (default inf: all at once)")
+    run_group.add_argument("--qps", type=csv_list(float, "--qps"), metavar="RATE,..",
+                           help="des: request rates, comma-separated, each a grid axis value (default inf: all at once)")
     run_group.add_argument("--requests", type=positive_int, metavar="N", help="des: requests per point (default 64)")
+    add_flags(run_group, ServeConfig, ("prompt_dist", "gen_dist"), defaults={"prompt_dist": None, "gen_dist": None},
+              help={k: f"des: {help_of(ServeConfig, k)} (default fixed)" for k in ("prompt_dist", "gen_dist")})
+    add_flags(run_group, SLO, ("slo_ttft_p99", "slo_tpot_p99"),
+              help={k: f"des: {help_of(SLO, k)}; adds the column max_qps_slo (the highest rate meeting the SLO) "
+                       "and a summary table" for k in ("slo_ttft_p99", "slo_tpot_p99")})
     trace_group = p.add_argument_group("trace-driven points (measured KV lengths and quality)")
     trace_group.add_argument("--traces", type=csv_list(str, "--traces"), metavar="DIR,..",
                              help="trace folders, 'bundled' (default: traces/data/) or 'none'")

@@ -18,13 +18,23 @@ def write_des_outputs(table: pd.DataFrame, out_dir, meta: dict, csv: bool = Fals
     written = _write_points(table, out_dir, csv)
     shown = [c for c in DES_SUMMARY_COLUMNS if c in table.columns]
     failed = table["des_error"].astype(str).str.len().gt(0) if "des_error" in table.columns else pd.Series(False, index=table.index)
+    rates = list(dict.fromkeys(table["qps"]))
+    at = f"{rates[0]:g} requests/s" if len(rates) == 1 else f"each of {', '.join(f'{q:g}' for q in rates)} requests/s"
     lines = ["# kvsim sweep (discrete-event serving simulation)", "",
              f"{len(table):,} design points; each is one `sim.serve` run of {int(table['requests'].iloc[0])} requests "
-             f"at {table['qps'].iloc[0]:g} requests/s with at most `batch` in flight.", ""]
+             f"at {at} with at most `batch` in flight.", ""]
+    dists = [f"{what} lengths {table[col].iloc[0]}" for what, col in (("prompt", "prompt_dist"), ("output", "gen_dist"))
+             if col in table.columns]
+    if dists:
+        lines += [f"Request lengths drawn per request around each point's prompt / gen (sim.des.lengths): "
+                  f"{', '.join(dists)}.", ""]
     lines += _execution_markdown(meta)
+    keys = ["hw", "model", "policy", "cache_ratio"] + (["qps"] if len(rates) > 1 else [])
     if shown and (~failed).any():
-        view = table[~failed].groupby(["hw", "model", "policy", "cache_ratio"], as_index=False)[shown].mean()
+        view = table[~failed].groupby(keys, as_index=False)[shown].mean()
         lines += ["## Mean over the other axes", "", _md_table(view.round(4)), ""]
+    if "max_qps_slo" in table.columns and (~failed).any():
+        lines += slo_markdown(table[~failed])
     if failed.any():
         lines += [f"{int(failed.sum())} points could not run (column `des_error`), e.g.: "
                   f"{table.loc[failed, 'des_error'].iloc[0]}", ""]
@@ -33,6 +43,23 @@ def write_des_outputs(table: pd.DataFrame, out_dir, meta: dict, csv: bool = Fals
     atomic_write_text(out_dir / "summary.md", "\n".join(lines))
     written.append(out_dir / "summary.md")
     return written
+
+
+def slo_markdown(table: pd.DataFrame) -> list[str]:
+    """The SLO capacity per device, model, policy and cache ratio (the smallest over the other axes but qps,
+    which the search does not use), with full attention's beside it."""
+    limits = [f"P99 {name} <= {table[col].iloc[0]:g} s" for name, col in (("TTFT", "slo_ttft_p99"),
+              ("TPOT", "slo_tpot_p99")) if col in table.columns and pd.notna(table[col].iloc[0])]
+    keys = ["hw", "model", "policy", "cache_ratio"]
+    view = table.groupby(keys, as_index=False).agg(max_qps_slo=("max_qps_slo", "min"), runs=("slo_runs", "max"))
+    full = view[view["policy"] == "full"].groupby(["hw", "model"])["max_qps_slo"].max()
+    view["vs_full"] = [row.max_qps_slo / full.get((row.hw, row.model), float("nan"))
+                       if full.get((row.hw, row.model), 0) > 0 else float("nan") for row in view.itertuples()]
+    return ["## Highest request rate meeting the SLO", "",
+            f"{' and '.join(limits)}: the highest Poisson rate (req/s) found by sim.des.slo's search over log qps "
+            "(within 5%; `inf`: every request at once meets it; 0: no rate does), its ratio to full attention's "
+            "on the same device and model, and the simulations one search ran (columns max_qps_slo, slo_bound).", "",
+            _md_table(view.round(3)), ""]
 
 
 def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
@@ -49,9 +76,46 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
                        max_batch=int(point["batch"]), qps=float(point["qps"]), requests=int(point["requests"]))
         if isinstance(point.get("trace_path"), str):
             options["trace"] = point["trace_path"]
+        for key in ("prompt_dist", "gen_dist"):
+            if isinstance(point.get(key), str):
+                options[key] = point[key]
         try:
-            rows.append({**serve.simulate(point["hw"], model, point["policy"], point["cache_ratio"], **options).to_row(),
-                         "des_error": ""})
+            row = {**serve.simulate(point["hw"], model, point["policy"], point["cache_ratio"], **options).to_row(),
+                   "des_error": ""}
+            slo = _point_slo(point)
+            if slo is not None:
+                row.update(_slo_columns(point, model, options, slo))
+            rows.append(row)
         except ValueError as exc:
             rows.append({"des_error": str(exc).splitlines()[0]})
     return pd.DataFrame(rows)
+
+
+_SEARCHES: dict = {}   # (ServeConfig, SLO) -> SearchResult, within one process
+SLO_COLUMNS = ["max_qps_slo", "slo_fail_qps", "slo_runs", "slo_ttft_s_p99", "slo_tpot_s_p99", "slo_bound"]
+
+
+def _point_slo(point):
+    from sim.des.slo import SLO
+    limits = {k: float(point[k]) for k in ("slo_ttft_p99", "slo_tpot_p99")
+              if k in point and point[k] is not None and not pd.isna(point[k])}
+    return SLO(**limits) if limits else None
+
+
+def _slo_columns(point, model, options, slo) -> dict:
+    """The point's SLO capacity (sim.des.slo.find_max_qps; its qps does not enter): the rate, the bracket's
+    top, the simulations run, the P99s at the rate and what bounds it."""
+    from sim.des.serving import ServeConfig
+    from sim.des.slo import find_max_qps
+    cfg = ServeConfig(hw=point["hw"], model=model, policy=point["policy"], cache_ratio=point["cache_ratio"],
+                      **{k: v for k, v in options.items() if k != "qps"})
+    key = (repr(cfg), slo)
+    if key not in _SEARCHES:        # the search ignores qps: a qps axis asks the same question once per rate
+        if len(_SEARCHES) > 256:
+            _SEARCHES.clear()
+        _SEARCHES[key] = find_max_qps(cfg, slo)
+    found = _SEARCHES[key]
+    at = found.at_max
+    return {"max_qps_slo": found.max_qps, "slo_fail_qps": found.fail_qps if found.fail_qps is not None else float("nan"),
+            "slo_runs": found.runs, "slo_ttft_s_p99": at.ttft_s["p99"] if at is not None else float("nan"),
+            "slo_tpot_s_p99": at.tpot_s["p99"] if at is not None else float("nan"), "slo_bound": found.reason}

@@ -59,6 +59,28 @@ def _own_or_positive(values, name):
     return out
 
 
+def _rate(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, np.integer, np.floating)):
+        raise ValueError(f"qps must be numbers > 0 (or inf), got {value!r}")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise ValueError(f"qps must be numbers > 0 (or inf), got {value!r}") from None
+    if not rate > 0:
+        raise ValueError(f"qps must be > 0 (or inf), got {rate}")
+    return rate
+
+
+def _rates(value):
+    """One rate stays one float (the options the sweep always had); a list of several is a grid axis."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("qps: empty list")
+        rates = list(dict.fromkeys(_rate(v) for v in value))
+        return rates[0] if len(rates) == 1 else rates
+    return _rate(value)
+
+
 @dataclass
 class RunOptions:
     """How to run a sweep (not what it contains): where, with which cache, with which engine, and
@@ -77,8 +99,14 @@ class RunOptions:
     trace_layouts: list = field(default_factory=lambda: ["slots"])
     trace_block_size: int = 16
     trace_compact_every: int | None = None
-    qps: float = math.inf                 # des: request rate (inf: all requests at t=0)
+    qps: float | list = math.inf          # des: request rate(s) (inf: all requests at t=0); a list is a grid axis
     requests: int = 64                    # des: requests per serving run
+    # des: per-request length distributions around each point's prompt / gen (sim.des.lengths)
+    prompt_dist: str = "fixed"
+    gen_dist: str = "fixed"
+    # des: latency SLO; when set, each point also gets max_qps_slo (sim.des.slo's search)
+    slo_ttft_p99: float | None = None
+    slo_tpot_p99: float | None = None
     tp: int = 1                           # tensor-parallel devices per point (sim.parallel; columns tp, pp)
     pp: int = 1                           # pipeline stages per point
     energy: bool = False                  # analytic: energy and cost columns (sim.parallel.sweep.ENERGY_COLUMNS)
@@ -101,14 +129,7 @@ class RunOptions:
         if OWN in self.trace_batches:
             raise ValueError("trace_batches: expected positive integers")
         self.layouts()     # a bad layout, block size or interval is a one-line error now
-        if isinstance(self.qps, bool) or not isinstance(self.qps, (int, float, str)):
-            raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}")
-        try:
-            self.qps = float(self.qps)
-        except ValueError:
-            raise ValueError(f"qps must be one number > 0 (or inf), got {self.qps!r}") from None
-        if not self.qps > 0:
-            raise ValueError(f"qps must be > 0 (or inf), got {self.qps}")
+        self.qps = _rates(self.qps)
         if isinstance(self.requests, bool) or not isinstance(self.requests, (int, np.integer)) or self.requests < 1:
             raise ValueError(f"requests must be a positive integer, got {self.requests!r}")
         for name in ("tp", "pp"):
@@ -120,8 +141,39 @@ class RunOptions:
         if self.price_per_hour is not None and not (isinstance(self.price_per_hour, (int, float))
                                                     and math.isfinite(self.price_per_hour) and self.price_per_hour >= 0):
             raise ValueError(f"price_per_hour must be a number >= 0, got {self.price_per_hour!r}")
+        from sim.des.lengths import LengthDist
+        for name in ("prompt_dist", "gen_dist"):
+            try:
+                setattr(self, name, str(LengthDist.parse(getattr(self, name))))
+            except ValueError as exc:
+                raise ValueError(f"{name} must be fixed, uniform:W or lognormal:S ({exc}), got {getattr(self, name)!r}") from None
+        for name in ("slo_ttft_p99", "slo_tpot_p99"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value > 0):
+                raise ValueError(f"{name} must be a number > 0 (seconds), got {value!r}")
+        if self.engine != "des":
+            for name in ("prompt_dist", "gen_dist"):
+                if getattr(self, name) != "fixed":
+                    raise ValueError(f"{name} draws serving workloads: use --engine des")
+            if self.slo is not None:
+                raise ValueError("the SLO search runs serving simulations: use --engine des")
+            if len(self.qps_values) > 1:
+                raise ValueError("qps lists are a serving (des) axis: use --engine des")
         if (self.energy or self.price_per_hour is not None) and self.engine == "des":
             raise ValueError("energy columns are analytic (a static batch's operator tables): use --engine analytic")
+
+    @property
+    def qps_values(self) -> list[float]:
+        return self.qps if isinstance(self.qps, list) else [self.qps]
+
+    @property
+    def slo(self):
+        """sim.des.slo.SLO of the limits given, or None."""
+        if self.slo_ttft_p99 is None and self.slo_tpot_p99 is None:
+            return None
+        from sim.des.slo import SLO
+        return SLO(slo_ttft_p99=self.slo_ttft_p99, slo_tpot_p99=self.slo_tpot_p99)
 
     @property
     def parallel(self) -> bool:

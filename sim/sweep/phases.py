@@ -17,8 +17,18 @@ def cache_key_columns(points: pd.DataFrame) -> list[str]:
     reuses them), the trace's content hash (not its path) and, for the DES, the load it serves."""
     names = {"hw", "model", "trace", "trace_path", "trace_model"}
     extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "layout", "block_size", "compact_every", "qps",
-             "requests", "tp", "pp"]
+             "requests", "tp", "pp", "prompt_dist", "gen_dist", "slo_ttft_p99", "slo_tpot_p99"]
     return [c for c in INPUT_COLUMNS if c not in names] + [c for c in extra if c in points.columns]
+
+
+def des_points(points: pd.DataFrame, options: RunOptions) -> pd.DataFrame:
+    """The DES's points: each point at each rate of `qps` (a grid axis), with `requests`; the length
+    distributions and the SLO limits join as columns (and so the cache key) only when they are set, so
+    a fixed-length sweep without an SLO has the table it always had."""
+    extra = {k: getattr(options, k) for k in ("prompt_dist", "gen_dist") if getattr(options, k) != "fixed"}
+    extra.update({k: getattr(options, k) for k in ("slo_ttft_p99", "slo_tpot_p99") if options.slo is not None})
+    per_rate = [points.assign(qps=q, requests=options.requests, **extra) for q in options.qps_values]
+    return per_rate[0] if len(per_rate) == 1 else pd.concat(per_rate, ignore_index=True)
 
 
 @dataclass
@@ -36,7 +46,7 @@ class Phase:
 def run_phase(name: str, points: pd.DataFrame, evaluate_fn, options: RunOptions, executor) -> Phase:
     context = {"engine": options.engine}
     if options.engine == "des":
-        points = points.assign(qps=options.qps, requests=options.requests)
+        points = des_points(points, options)
     phase = Phase(name, points)
     phase.result = runner.run_points(points, evaluate_fn, key_columns=cache_key_columns(points), context=context,
                                      cache_dir=options.cache_dir, executor=executor, desc=name,

@@ -9,8 +9,9 @@ from sim.cli import run
 
 
 @pytest.mark.parametrize("text, message", [
-    ("qps: [1, 2]", "qps must be one number > 0 (or inf), got [1, 2]"),
-    ("qps: fast", "qps must be one number > 0 (or inf), got 'fast'"),
+    ("qps: [1, [2]]", "qps must be numbers > 0 (or inf), got [2]"),
+    ("qps: fast", "qps must be numbers > 0 (or inf), got 'fast'"),
+    ("qps: [1, 2]", "qps lists are a serving (des) axis: use --engine des"),
     ("recent_ratios: [[0.3]]", "grid recent_ratios: expected numbers in [0, 1], got [0.3]"),
     ("cache_ratios: [0.5, [1]]", "grid cache_ratios: expected numbers in (0, 1], got [1]"),
     ("cache_ratios: [0.5, 2]", "grid cache_ratios: 2 out of range (0, 1]"),

@@ -1,0 +1,91 @@
+"""Request-length distributions for synthetic workloads: prompt and output lengths drawn per request.
+
+A distribution is named by a short spec and its *mean* is the `prompt` (or `gen`) length it is applied
+to, so a sweep's `prompts`/`gens` axes keep their meaning (the mean request) and `fixed` is today's
+workload exactly:
+
+- `fixed`: every request has the mean length (the default; draws nothing, so the output is unchanged);
+- `uniform:W` (0 <= W <= 1): whole numbers uniform on [round(m (1 - W)), round(m (1 + W))], mean m
+  (`uniform:1` spans 0..2m, clipped to >= 1);
+- `lognormal:S` (S > 0): a lognormal with mean m and log-space standard deviation S
+  (mu = ln m - S^2 / 2; median m exp(-S^2 / 2)); S = 1 gives ShareGPT-like heavy tails.
+
+Draws are rounded to whole tokens and clipped to >= 1 token; they are not clipped to the model's context
+(sim.serve warns past it, as for fixed lengths). Each distribution draws from its own stream of the
+workload's seed (prompt: [seed, 1], output: [seed, 2]), so the arrival times do not move when a length
+distribution is added.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LENGTH_DISTS = ("fixed", "uniform", "lognormal")
+SPEC_HELP = "fixed | uniform:W (0..1, lengths m(1-W)..m(1+W)) | lognormal:S (log-space sigma); the mean is the length"
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    kind: str = "fixed"
+    param: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> "LengthDist":
+        """'fixed', 'uniform:0.5', 'lognormal:1' -> LengthDist; ValueError with the problem otherwise."""
+        if isinstance(spec, LengthDist):
+            return spec
+        if not isinstance(spec, str):
+            raise ValueError("not a name[:parameter] text")
+        kind, _, arg = spec.strip().partition(":")
+        if kind not in LENGTH_DISTS:
+            raise ValueError(f"unknown distribution {kind!r}")
+        if kind == "fixed":
+            if arg:
+                raise ValueError("fixed takes no parameter")
+            return cls("fixed")
+        try:
+            value = float(arg)
+        except ValueError:
+            raise ValueError(f"{kind} needs a number ({kind}:{'W' if kind == 'uniform' else 'S'})") from None
+        if kind == "uniform" and not 0 <= value <= 1:
+            raise ValueError("uniform:W needs 0 <= W <= 1")
+        if kind == "lognormal" and not (value > 0 and math.isfinite(value)):
+            raise ValueError("lognormal:S needs S > 0")
+        return cls(kind, value)
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.kind == "fixed"
+
+    def __str__(self) -> str:
+        return self.kind if self.is_fixed else f"{self.kind}:{self.param:g}"
+
+    def sample(self, mean: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
+        """n whole lengths >= 1 whose expected value is (close to) `mean`."""
+        if self.is_fixed:
+            return np.full(n, mean, dtype=np.int64)
+        if self.kind == "uniform":
+            lo, hi = round(mean * (1 - self.param)), round(mean * (1 + self.param))
+            draws = rng.integers(lo, hi + 1, size=n)
+        else:
+            sigma = self.param
+            draws = np.rint(rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, size=n))
+        return np.maximum(draws, 1).astype(np.int64)
+
+
+def check_spec(spec) -> str | None:
+    """param() check: the problem phrase of a bad spec, or None."""
+    try:
+        LengthDist.parse(spec)
+    except ValueError as exc:
+        return f"must be fixed, uniform:W (0 <= W <= 1) or lognormal:S (S > 0) ({exc})"
+    return None
+
+
+def draw_lengths(prompt: int, gen: int, n: int, seed: int, prompt_dist="fixed", gen_dist="fixed"):
+    """(prompt_tokens, output_tokens) arrays of n requests; fixed draws nothing."""
+    p, g = LengthDist.parse(prompt_dist), LengthDist.parse(gen_dist)
+    return (p.sample(prompt, n, None if p.is_fixed else np.random.default_rng([seed, 1])),
+            g.sample(gen, n, None if g.is_fixed else np.random.default_rng([seed, 2])))
