@@ -57,9 +57,10 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
     if layer is None or not layer.is_initialized:
         raise ValueError("attention ran without the policy's cache (use_cache=False?)")
     if layer.in_prefill:
-        bias = attention_mask
+        bias = attention_mask  # sliding layers: transformers' own sliding-window causal mask over the prompt
     else:  # every slot is filled during a decode step when the batch shares one budget
-        bias = None if policy.dense_slots else slot_bias(layer)
+        # (a sliding layer holds exactly the window, so the stock window mask is its empty-slot mask)
+        bias = None if policy.dense_slots and layer.window is None else slot_bias(layer)
     return attend(policy, layer, query, key, value, bias, scaling)
 
 
@@ -147,13 +148,39 @@ def attention_modules(model) -> dict[int, torch.nn.Module]:
     return found
 
 
+def layer_windows(config, n_layers: int) -> list[int | None]:
+    """Per layer, the sliding attention window (tokens a query attends to, itself included) or None for a
+    full-attention (global) layer: the config's `layer_types` where it has them (Gemma 3: five
+    "sliding_attention" layers per "full_attention" one; Qwen2 derives them from use_sliding_window), else
+    `sliding_window` on every layer (Mistral). Other layer types (chunked attention) are refused."""
+    layer_types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if layer_types:
+        if len(layer_types) != n_layers:
+            raise ValueError(f"{config.model_type}: {len(layer_types)} layer_types for {n_layers} attention layers")
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"{config.model_type}: layer types {', '.join(unknown)} are not supported by the KV "
+                             "policies (only full_attention and sliding_attention)")
+        windows = [window if t == "sliding_attention" else None for t in layer_types]
+        if any(t == "sliding_attention" for t in layer_types) and window is None:
+            raise ValueError(f"{config.model_type}: sliding_attention layers without a sliding_window")
+    else:
+        windows = [window] * n_layers
+    for w in windows:
+        if w is not None and (not isinstance(w, int) or w < 2):
+            raise ValueError(f"{config.model_type}: sliding_window must be an integer >= 2, got {w!r}")
+    return windows
+
+
 def check_supported(model) -> None:
     compat.check_version()
     config = model.config
-    layer_types = getattr(config, "layer_types", None) or []
-    if getattr(config, "sliding_window", None) is not None or any("sliding" in t for t in layer_types):
-        raise ValueError(f"{config.model_type}: sliding-window attention layers are not supported by the KV "
-                         "policies (set sliding_window=None for a full-attention model)")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ValueError(f"{config.model_type}: attention logit soft-capping (attn_logit_softcapping="
+                         f"{config.attn_logit_softcapping}) is not supported by the KV policies")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError(f"{config.model_type}: bidirectional attention is not supported by the KV policies")
     generation = getattr(model, "generation_config", None)
     if generation is not None and getattr(generation, "cache_implementation", None) not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={generation.cache_implementation!r} is not supported: "
@@ -187,12 +214,15 @@ def install_slot_layers(policy, cache, n_layers: int) -> None:
     if type(cache) not in (compat.DynamicCache, compat.Cache):
         raise ValueError(f"{type(cache).__name__} is not supported: the KV policies need a plain DynamicCache")
     for layer in cache.layers:
-        if type(layer) not in (compat.DynamicLayer, SlotLayer):
+        if type(layer) not in (compat.DynamicLayer, compat.DynamicSlidingWindowLayer, SlotLayer):
             raise ValueError(f"{type(layer).__name__} layers are not supported: the KV policies need plain "
-                             "dynamic (full-attention) layers")
+                             "dynamic (full-attention or sliding-window) layers")
     if cache.get_seq_length() > 0:
         raise ValueError("the cache already holds tokens that were not prefilled under this policy")
-    cache.layers = [SlotLayer(policy, i) for i in range(n_layers)]
+    windows = policy.layer_windows or [None] * n_layers
+    if len(windows) != n_layers:
+        raise ValueError(f"the policy was applied to a model of {len(windows)} layers, not {n_layers}")
+    cache.layers = [SlotLayer(policy, i, window=windows[i]) for i in range(n_layers)]
     cache.layer_class_to_replicate = None
     policy.layers = cache.layers
     policy._cache = cache
@@ -261,6 +291,9 @@ def apply_policy(policy, model):
     if model.training:
         raise ValueError("KV policies are for inference: call model.eval() first (attention dropout is not applied)")
     modules = attention_modules(model)
+    windows = layer_windows(model.config, len(modules))
+    if any(w is not None for w in windows) and position_scheme(model.config) == "alibi":
+        raise ValueError(f"{model.config.model_type}: sliding-window layers with ALiBi are not supported")
     patches = attention_patches(model)
     previous = model.config._attn_implementation
     cache_name = compat.cache_kwarg_name(model)
@@ -279,6 +312,7 @@ def apply_policy(policy, model):
             model.set_attn_implementation(ATTENTION_NAME)
         model.generate = _schedule_aware_generate(policy, model.generate)
         policy._applied_to = model
+        policy.layer_windows = windows
         yield policy
     finally:
         hook.remove()

@@ -115,6 +115,7 @@ class Policy:
         self.profile = False  # when True, time score update + selection (benchmarks)
         self.score_select_s = 0.0
         self.layers: list = []
+        self.layer_windows: list = []  # per layer: its sliding window, None = global (set by apply)
         self.step = -1
         self._active_layer = 0
         self._cache = None
@@ -287,6 +288,9 @@ class Policy:
     def observe_attention(self, layer, logits: torch.Tensor, probs: torch.Tensor) -> None:
         """Called by the attention function with (B, H_kv, G, q, S) fp32 logits/probabilities, after the
         output has been computed; accumulates scores then selects (prefill) or evicts one (decode)."""
+        if layer.window is not None:  # sliding-window layer: positional, no scores
+            self.observe_scores(layer, None, 0)
+            return
         with self._timed():
             increment = self.score_increment(logits, probs) if self.needs_scores else None
             elements = logits.numel() if increment is not None else 0
@@ -316,7 +320,9 @@ class Policy:
         of a replayed prompt whose scores an earlier policy with the same scoring parameters computed
         (keyformer.generate)."""
         with self._timed():
-            if layer.in_prefill:
+            if layer.window is not None:
+                layer.keep_window()
+            elif layer.in_prefill:
                 select = self._select_prompt_by_mask if self.variable_lengths else self._select_prompt
                 select(layer, None if increment is None else self.finalize_prompt_scores(increment))
             else:
@@ -327,7 +333,7 @@ class Policy:
                         layer.scores.copy_(increment)
                 (self._evict_by_mask if self.variable_lengths else self._evict_one)(layer)
             self.score_work.add(self.step, elements, elements * self.score_flops_per_element,
-                                layer.positions.numel() if self.evicts else 0)
+                                layer.positions.numel() if self.evicts and layer.window is None else 0)
         if self._observers:
             event = StepEvent(self.step, layer.layer_idx, layer.kept_positions(), layer.tokens_held())
             for fn in self._observers:

@@ -26,10 +26,13 @@ class SlotLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, policy, layer_idx: int):
+    def __init__(self, policy, layer_idx: int, window: int | None = None):
         super().__init__()
         self.policy = policy
         self.layer_idx = layer_idx
+        # sliding-window layer: its query attends to the `window` newest tokens (itself included), so the layer
+        # holds the window - 1 newest between steps, whatever the policy (positional eviction, no scores)
+        self.window = window
         self.positions: torch.Tensor | None = None  # (B, H, slots) long, -1 = empty
         self.scores: torch.Tensor | None = None  # (B, H, slots) fp32
         self.free_slot: torch.Tensor | None = None  # (B, H) long: where the next token goes
@@ -53,7 +56,8 @@ class SlotLayer(CacheLayerMixin):
             raise ValueError(
                 f"a cache under an eviction policy takes one new token per step, got {key_states.shape[-2]} "
                 "(multi-token continuation and assisted decoding are not supported)")
-        self._ensure_free_slot()
+        if self.window is None:
+            self._ensure_free_slot()
         batch, heads, _, dim = key_states.shape
         slot = self.free_slot.view(batch, heads, 1, 1).expand(batch, heads, 1, dim)
         self.keys.scatter_(2, slot, key_states)
@@ -149,6 +153,29 @@ class SlotLayer(CacheLayerMixin):
                                 dim=2)
         self.positions = torch.cat([self.positions, self.positions.new_full((batch, heads, extra), -1)], dim=2)
         self.scores = torch.cat([self.scores, self.scores.new_zeros(batch, heads, extra)], dim=2)
+
+    def keep_window(self) -> None:
+        """Sliding-window layer: after the prompt keep its window - 1 newest real tokens per sequence in a
+        buffer of `window` slots; after a decode step evict the oldest token of each (sequence, head) that holds
+        more than window - 1 (the newcomer included), else leave the next empty slot for the next token."""
+        held = self.window - 1
+        if self.in_prefill:
+            prompt = self.policy.prompt_positions.to(self.keys.device)  # (B, n), -1 = padding
+            batch, heads, n = self.keys.shape[:3]
+            kept = min(n, held)
+            keep_idx = prompt.float().topk(kept, dim=-1).indices.unsqueeze(1).expand(batch, heads, kept)
+            lengths = self.policy.prompt_lengths.to(self.keys.device).view(batch, 1)
+            keep_valid = torch.arange(kept, device=self.keys.device).view(1, kept) < torch.clamp(lengths, max=held)
+            self.compact(keep_idx, keep_valid, prompt, None, extra_slots=self.window - kept)
+            return
+        pos = self.positions
+        valid = pos >= 0
+        over = valid.sum(-1) > held  # (B, H)
+        oldest = torch.where(valid, pos, torch.iinfo(torch.long).max).min(dim=-1).indices
+        empty = (~valid).to(torch.int8).argmax(dim=-1)
+        slot = torch.where(over, oldest, empty).unsqueeze(-1)
+        self.positions.scatter_(2, slot, torch.where(over.unsqueeze(-1), -1, pos.gather(2, slot)))  # empty it
+        self.free_slot = slot.squeeze(-1)
 
     def valid(self) -> torch.Tensor:
         return self.positions >= 0

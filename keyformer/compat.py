@@ -16,7 +16,7 @@ import inspect
 import torch
 import transformers
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 TRANSFORMERS_VERSION = transformers.__version__
@@ -25,6 +25,7 @@ SUPPORTED = ((5, 17), (5, 24))
 __all__ = [
     "legacy_attention_patches",
     "AttentionInterface", "AttentionMaskInterface", "Cache", "CacheLayerMixin", "DynamicCache", "DynamicLayer",
+    "DynamicSlidingWindowLayer",
     "TRANSFORMERS_VERSION", "cache_kwarg_name", "get_cache", "set_cache", "output_cache", "eager_mask",
     "check_version", "register_attention", "accepts_kwarg", "filled_dynamic_cache",
 ]

@@ -157,7 +157,8 @@ def _replay_prefill(model, policy, record: PrefillRecord) -> tuple:
         per_layer, elements, rng = cached
         for layer, keys, values, scores in zip(cache.layers, record.keys, record.values, per_layer):
             layer.update(keys, values)
-            policy.observe_scores(layer, None if scores is None else scores.clone(), elements)
+            policy.observe_scores(layer, None if scores is None else scores.clone(),
+                                  elements if layer.window is None else 0)  # sliding layers score nothing
         policy.set_rng_state(rng)
         return cache, record.last_logits
     seen = []
@@ -173,8 +174,11 @@ def _replay_prefill(model, policy, record: PrefillRecord) -> tuple:
             policy.observe_attention(layer, logits, torch.softmax(logits, dim=-1))
     finally:
         del policy.finalize_prompt_scores
-    if key is not None and len(seen) == len(cache.layers):
-        record.scores[key] = (seen, record.logits[0].numel(), policy.rng_state())
+    scored = [layer for layer in cache.layers if layer.window is None]  # sliding-window layers score nothing
+    if key is not None and len(seen) == len(scored):
+        by_layer = iter(seen)
+        per_layer = [None if layer.window is not None else next(by_layer) for layer in cache.layers]
+        record.scores[key] = (per_layer, record.logits[0].numel(), policy.rng_state())
     return cache, record.last_logits
 
 
@@ -232,6 +236,11 @@ def synthetic_state(model, policy, batch: int, context_len: int, seed: int = 0,
     if batch < 1 or context_len < 1:
         raise ValueError(f"batch and context_len must be >= 1, got {batch} and {context_len}")
     context = _ensure_applied(model, policy)
+    if any(window is not None for window in policy.layer_windows):
+        if context is not None:
+            context.close()
+        raise ValueError(f"{model.config.model_type}: synthetic states of models with sliding-window layers are "
+                         "not supported (run a prefill)")
     if getattr(policy, "max_new_tokens", 0) is None:
         policy.max_new_tokens = max_new_tokens
     param = next(model.parameters())

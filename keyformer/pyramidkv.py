@@ -56,10 +56,18 @@ class PyramidKVPolicy(Policy):
         if self.beta < 1:
             raise ValueError(f"beta must be >= 1, got {self.beta}")
 
+    def global_layers(self) -> list[int]:
+        """The layers the pyramid spans: all but the sliding-window ones (which keep their window)."""
+        return [i for i, layer in enumerate(self.layers) if layer.window is None]
+
     def layer_budgets(self) -> torch.Tensor:
-        """(B, n_layers) tokens each layer holds per KV head once full (mean over layers = k)."""
+        """(B, n_global_layers) tokens each global layer holds per KV head once full (mean over them = k),
+        from the lowest global layer to the highest (every layer when the model has no sliding-window ones)."""
         ceiling = torch.maximum(self.prompt_lengths, self.hold)
-        return pyramid_budgets(self.hold, self.protect, ceiling, len(self.layers), self.beta)
+        return pyramid_budgets(self.hold, self.protect, ceiling, len(self.global_layers()), self.beta)
+
+    def _depth(self, layer_idx: int) -> int:
+        return self.global_layers().index(layer_idx)
 
     def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         return probs
@@ -68,10 +76,10 @@ class PyramidKVPolicy(Policy):
         return scores
 
     def slot_capacity(self, layer_idx: int) -> int:
-        return int(self.layer_budgets()[:, layer_idx].max())
+        return int(self.layer_budgets()[:, self._depth(layer_idx)].max())
 
     def keep_mask(self, layer, positions, scores, protected):
-        budget = self.layer_budgets()[:, layer.layer_idx].to(positions.device).view(-1, 1)
+        budget = self.layer_budgets()[:, self._depth(layer.layer_idx)].to(positions.device).view(-1, 1)
         ranking = torch.where(positions >= 0, scores, -torch.inf)
         ranking = torch.where(protected, torch.inf, ranking)
         return top_by_rank(ranking, budget.expand(positions.shape[:2]))

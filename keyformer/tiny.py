@@ -22,10 +22,19 @@ TINY_SHAPES = {
     "neox": {"model_type": "gpt_neox", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "rotary_pct": 0.5},                   # partial rotary, parallel residual
     "mpt": {"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "use_cache": True},   # ALiBi
+    # Gemma 3's interleaved local/global attention, shrunk: sliding (window 8), sliding, global; GQA 4 over 2,
+    # a query_pre_attn_scalar scale and Gemma's norms (window and layer count at Gemma-3-270M's 512, 18)
+    "gemma3": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 16,
+               "sliding_window": 8, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+    # Mistral: every layer a sliding window (Mistral-7B-v0.1: 4096)
+    "mistral": {"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8},
 }
 # the config key of each architecture's position limit
 POSITIONS_KEY = {"gpt2": "n_positions", "gptj": "n_positions", "llama": "max_position_embeddings",
-                 "neox": "max_position_embeddings", "mpt": "max_seq_len"}
+                 "neox": "max_position_embeddings", "mpt": "max_seq_len",
+                 "gemma3": "max_position_embeddings", "mistral": "max_position_embeddings"}
 
 
 def tiny_config(arch: str, vocab_size: int, positions: int, **extra) -> dict:

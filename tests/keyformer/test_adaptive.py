@@ -31,8 +31,16 @@ def check_adaptive_lengths(name, model, ids, steps):
     with prefill(model, policy, ids) as state:
         k, w = int(policy.budget[0]), int(policy.recent[0])
         assert (k, w) == (n // 2, int(0.3 * (n // 2)))
-        layer_budget = policy.layer_budgets()[0].tolist() if name == "pyramidkv" else None
+        windows = [layer.window for layer in policy.layers]  # sliding-window layers keep their window
+        global_layers = [i for i, window in enumerate(windows) if window is None]
+        layer_budget = None
+        if name == "pyramidkv":  # the pyramid spans the global layers only
+            by_depth = policy.layer_budgets()[0].tolist()
+            layer_budget = dict(zip(global_layers, by_depth))
         for i, layer in enumerate(policy.layers):
+            if layer.window is not None:
+                assert layer.keys.shape[-2] == layer.window
+                continue
             capacity = layer_budget[i] if name == "pyramidkv" else k
             assert layer.keys.shape[-2] >= capacity + 1 if name == "adakv" else layer.keys.shape[-2] == capacity + 1
         buffers = [layer.keys.data_ptr() for layer in policy.layers]
@@ -46,6 +54,11 @@ def check_adaptive_lengths(name, model, ids, steps):
         counts = held_counts(event)
         assert event.kv_len == max(counts)
         newest = n - 1 + (event.step + 1)
+        window = windows[event.layer]
+        if window is not None:  # the window - 1 newest tokens on every head
+            assert counts == [window - 1] * len(counts)
+            assert (event.kept_positions == torch.arange(newest - window + 2, newest + 1)).all()
+            continue
         for head, held in zip(counts, event.kept_positions[0]):
             kept = set(held[:head].tolist())
             assert bool((held[head:] == -1).all()) and len(kept) == head
@@ -58,7 +71,7 @@ def check_adaptive_lengths(name, model, ids, steps):
             assert sum(counts) == k * len(counts) and min(counts) >= w
     assert policy.kv_lengths() == [e.kv_len for e in events[-n_layers:]]
     if name == "pyramidkv":
-        assert sum(layer_budget) == k * n_layers and layer_budget == sorted(layer_budget, reverse=True)
+        assert sum(by_depth) == k * len(global_layers) and by_depth == sorted(by_depth, reverse=True)
 
 
 def peaked_llama():

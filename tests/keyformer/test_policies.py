@@ -69,19 +69,29 @@ def test_budget_window_sinks_and_in_place_slots(case):
         k, w = int(policy.budget[0]), int(policy.recent[0])
         expected_k = PROMPT_LEN if name == "full" else PROMPT_LEN // 2
         assert k == expected_k
+        windows = [layer.window for layer in policy.layers]  # sliding-window layers: a window - 1 + 1 buffer
         buffers = [layer.keys.data_ptr() for layer in policy.layers]
         for layer in policy.layers:
-            assert layer.keys.shape[-2] == k + 1  # the prompt-sized K/V were released
+            assert layer.keys.shape[-2] == (k + 1 if layer.window is None else layer.window)  # prompt K/V released
         for step in range(STEPS):
             decode_one_token(state)
+            kept_buffers = [layer.keys.data_ptr() for layer in policy.layers]
             if name not in GROWING:
-                assert [layer.keys.data_ptr() for layer in policy.layers] == buffers  # no copy of the cache
+                assert kept_buffers == buffers  # no copy of the cache
+            else:
+                assert [b for b, w in zip(kept_buffers, windows) if w] == [b for b, w in zip(buffers, windows) if w]
     n_layers = len(policy.layers)
     assert len(events) == n_layers * (STEPS + 1)
     assert [e.step for e in events[::n_layers]] == list(range(-1, STEPS))
     for event in events:
         held = event.kept_positions
         newest = PROMPT_LEN - 1 + (event.step + 1)
+        window = windows[event.layer]
+        if window is not None:  # the window - 1 newest tokens, whatever the policy
+            assert event.kv_len == window - 1
+            assert held.shape[-1] == window - 1
+            assert (held == torch.arange(newest - window + 2, newest + 1)).all()
+            continue
         expected = k + event.step + 1 if name in GROWING else k
         assert event.kv_len == expected
         assert held.shape[-1] == expected and bool((held >= 0).all())
@@ -95,7 +105,7 @@ def test_budget_window_sinks_and_in_place_slots(case):
                 assert {0, 1, 2, 3} <= kept
             if name == "window":
                 assert kept == set(range(newest - k + 1, newest + 1))
-    assert policy.kv_lengths() == [expected] * n_layers
+    assert policy.kv_lengths() == [expected if w is None else w - 1 for w in windows]
 
 
 def test_physical_eviction_equals_masking_reference(case):
@@ -182,7 +192,8 @@ def test_keyformer_noise_is_seeded_and_none_at_unit_temperature_is_h2o(arch_mode
     h2o, h2o_tokens = _kept_trace(model, make_policy("h2o", recent_ratio=0.3), ids, STEPS)
     assert len(plain) == len(h2o) and all(torch.equal(a, b) for a, b in zip(plain, h2o))
     assert torch.equal(plain_tokens, h2o_tokens)
-    assert any(not torch.equal(a, b) for a, b in zip(first, plain))  # the Gumbel noise does change choices
+    if arch != "mistral":  # (every Mistral layer keeps its window: there is no choice to change)
+        assert any(not torch.equal(a, b) for a, b in zip(first, plain))  # the Gumbel noise does change choices
 
 
 def test_zero_recent_ratio_means_pure_key_tokens():
@@ -264,13 +275,22 @@ def test_renumbered_positions_feed_the_compressed_length():
 
 
 def test_unsupported_configurations_are_refused():
-    from transformers import MistralConfig, MistralForCausalLM
-    mistral = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                               num_hidden_layers=1, num_attention_heads=2,
-                                               num_key_value_heads=1, sliding_window=16))
-    with pytest.raises(ValueError, match="sliding-window"):
-        with make_policy("h2o").apply(mistral):
+    from keyformer.attention import layer_windows
+    from keyformer.tiny import random_model, tiny_config
+    # Sliding-window layers are supported (tiny "gemma3" and "mistral" in the matrix); Gemma 2's attention
+    # logit soft-capping and chunked-attention layers are not.
+    gemma2 = random_model(tiny_config("gemma3", VOCAB, 64) | {"model_type": "gemma2", "layer_types": None})
+    assert gemma2.config.attn_logit_softcapping is not None
+    with pytest.raises(ValueError, match="soft-capping"):
+        with make_policy("h2o").apply(gemma2):
             pass
+    chunked = type("Config", (), {"model_type": "llama4", "sliding_window": None,
+                                  "layer_types": ["chunked_attention", "full_attention"]})
+    with pytest.raises(ValueError, match="chunked_attention"):
+        layer_windows(chunked, 2)
+    assert layer_windows(build("gemma3").config, 3) == [8, 8, None]
+    assert layer_windows(build("mistral").config, 2) == [8, 8]
+    assert layer_windows(build("llama_gqa").config, 2) == [None, None]
     model = build("llama_gqa")
     from transformers.cache_utils import StaticCache
     with pytest.raises(ValueError, match="StaticCache is not supported"):

@@ -16,6 +16,8 @@ ARCHITECTURES = {
     "llama_gqa": tiny_config("llama", VOCAB, POSITIONS),            # RoPE, 4 query heads over 2 KV heads
     "neox": tiny_config("neox", VOCAB, POSITIONS, **TOKENS),        # partial rotary, parallel residual
     "mpt": tiny_config("mpt", VOCAB, POSITIONS),                    # ALiBi; hand-written attention
+    "gemma3": tiny_config("gemma3", VOCAB, POSITIONS, **TOKENS),    # local (window 8) / global layers
+    "mistral": tiny_config("mistral", VOCAB, POSITIONS),            # every layer a sliding window of 8
 }
 
 

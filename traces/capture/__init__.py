@@ -35,7 +35,7 @@ def _device_problem(device: str) -> str | None:
 class CaptureConfig:
     """One capture, each parameter declared once: its help, check and flag (kvcommon.fields) feed both
     this check and `python -m traces.capture`'s flags; errors name the field (`n must be >= 1, got 0`)."""
-    model: str = param(help="model folder, HF id, or smollm2-135m | stories260k | tiny-llama | tiny-gpt2")
+    model: str = param(help="model folder, HF id, or smollm2-135m | gemma3-270m | stories260k | tiny-llama | tiny-gpt2")
     # policy specs: "h2o", "keyformer:noise=gaussian" (strings) or PolicySpec; the CLI's --policy is its own
     policies: list = param(help="policy variants")
     dataset: str = param(help=f"{', '.join(DATASETS)}, long-text:NAME or jsonl:PATH")
