@@ -22,7 +22,7 @@ TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play
 def gemma():
     from traces.models import load_model
     loaded = load_model("gemma3-270m")
-    ids = loaded.tokenizer(TEXT * 14, return_tensors="pt").input_ids[:, :560]  # past the 512-token window
+    ids = loaded.tokenizer(TEXT * 16, return_tensors="pt").input_ids[:, :560]  # past the 512-token window
     assert ids.shape[1] == 560
     return loaded.model, loaded.tokenizer, ids
 
