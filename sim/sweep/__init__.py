@@ -6,6 +6,7 @@
     python -m sim.sweep --workers 2                      # local worker processes
     python -m sim.sweep --scheduler tcp://host:8786      # a Dask distributed cluster
     python -m sim.sweep --engine des --qps 4             # the discrete-event serving simulator per point
+    python -m sim.sweep --engine des --qps 1,4,inf --slo-ttft-p99 2 --slo-tpot-p99 0.05   # a qps axis, max_qps_slo
 
 Three pure steps, so sim.runner can chunk, spread and cache the middle one:
     build_grid(config) -> DataFrame of inputs (one row per point)
