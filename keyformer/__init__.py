@@ -11,7 +11,8 @@ keyformer.generate.synthetic_state. See docs/ARCHITECTURE.md (keyformer section)
 from __future__ import annotations
 
 from keyformer.adakv import AdaKVPolicy
-from keyformer.base import Policy, ScoreWork, StepEvent
+from keyformer.base import Policy
+from keyformer.scoring import ScoreWork, StepEvent
 from keyformer.full import FullPolicy
 from keyformer.h2o import H2OPolicy
 from keyformer.keyformer import KeyformerPolicy

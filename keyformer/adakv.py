@@ -17,7 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from keyformer.base import Policy, top_by_rank
+from keyformer.base import Policy
+from keyformer.scoring import top_by_rank
 from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 
 

@@ -24,51 +24,17 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
+
+from keyformer.scoring import ScoreWork, StepEvent, check_finite, identical_rows, reduce_queries
 
 POSITION_MODES = ("original", "renumber")
 BUDGET_BASES = ("real", "padded")
 SELECTIONS = ("paper", "official")
 FROZEN = 1e30  # priority of a frozen key token: above any score or position, below the window's +inf
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """Sent to observers after each layer's eviction (or compaction after the prompt)."""
-    step: int  # -1 = prefill, s >= 0 = decode step s
-    layer: int
-    kept_positions: torch.Tensor  # (batch, n_kv_heads, k) original positions, -1 = empty
-    kv_len: int  # tokens held per KV head (max over the batch)
-
-
-@dataclass
-class ScoreWork:
-    """Work done by the score function (noise, softmax, accumulation) and the selection, per step.
-
-    `elements` counts score-matrix entries processed (batch x query heads x queries x keys, summed over
-    layers); `flops` multiplies them by the policy's per-element cost (see each policy's
-    `score_flops_per_element`); `select_elements` counts the priorities ranked by top-k / argmin.
-    """
-    elements: int = 0
-    flops: int = 0
-    select_elements: int = 0
-    by_step: dict = field(default_factory=dict)  # step -> {"elements", "flops", "select_elements"}
-
-    def add(self, step: int, elements: int, flops: int, select_elements: int) -> None:
-        self.elements += elements
-        self.flops += flops
-        self.select_elements += select_elements
-        row = self.by_step.setdefault(step, {"elements": 0, "flops": 0, "select_elements": 0})
-        row["elements"] += elements
-        row["flops"] += flops
-        row["select_elements"] += select_elements
-
-    def reset(self) -> None:
-        self.elements = self.flops = self.select_elements = 0
-        self.by_step = {}
 
 
 @dataclass
@@ -202,7 +168,7 @@ class Policy:
         transformers expands before the prompt's forward) share prompt-time randomness: `prompt_groups[b]` is
         the first row identical to row b."""
         valid = attention_mask.bool()
-        self.prompt_groups = _identical_rows(inputs, attention_mask) if inputs is not None else None
+        self.prompt_groups = identical_rows(inputs, attention_mask) if inputs is not None else None
         self.prompt_lengths = valid.sum(-1)  # real, unpadded lengths
         if int(self.prompt_lengths.min()) < 1:
             raise ValueError("every sequence needs at least one real (unpadded) prompt token")
@@ -298,8 +264,8 @@ class Policy:
                 if layer.in_prefill and increment.shape[3] == logits.shape[3]:
                     # padded query rows attend to nothing real: they must not vote
                     increment = increment * self.query_valid[:, None, None, :, None]
-                increment = _reduce_queries(increment, self.gqa_reduce)
-                _check_finite(increment, self, layer.layer_idx)
+                increment = reduce_queries(increment, self.gqa_reduce)
+                check_finite(increment, self, layer.layer_idx)
         self.observe_scores(layer, increment, elements)
 
     def prompt_score_key(self):
@@ -416,44 +382,3 @@ class Policy:
         empty = layer.positions < 0
         slots = pos.shape[-1]
         layer.free_slot = torch.where(empty.any(-1), empty.to(torch.int8).argmax(-1), slots)
-
-
-def top_by_rank(ranking: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the `count` highest entries of `ranking` along the last axis (entries at -inf never),
-    `count` broadcasting against ranking.shape[:-1]; ties broken by slot order."""
-    order = ranking.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(ranking.shape[-1], device=ranking.device)
-    take = (rank < count.unsqueeze(-1)) & (order.values > -math.inf)
-    return torch.zeros_like(take).scatter_(-1, order.indices, take)
-
-
-def _identical_rows(inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-    """(B,) index of the first row equal to each row (same inputs and mask); None when all rows differ."""
-    batch = inputs.shape[0]
-    if batch == 1:
-        return None
-    rows = torch.cat([inputs.reshape(batch, -1).float(), mask.reshape(batch, -1).float()], dim=1)
-    same = (rows.unsqueeze(1) == rows.unsqueeze(0)).all(-1)  # (B, B)
-    first = same.float().argmax(dim=1)  # the lowest index equal to each row
-    if bool((first == torch.arange(batch, device=first.device)).all()):
-        return None
-    return first
-
-
-def _check_finite(increment: torch.Tensor, policy, layer_idx: int) -> None:
-    """A NaN or inf score would rank first in top-k and make selection arbitrary (the recent window could be
-    dropped silently): refuse it. One reduction over (B, H_kv, S) per layer."""
-    if not bool(torch.isfinite(increment).all()):
-        bad = int((~torch.isfinite(increment)).sum())
-        raise FloatingPointError(f"{policy.name}: {bad} non-finite score(s) at layer {layer_idx}, step {policy.step}"
-                                 " (the model's attention logits or the policy's noise overflowed)")
-
-
-def _reduce_queries(increment: torch.Tensor, gqa_reduce: str) -> torch.Tensor:
-    """(B, H_kv, G, q, S) -> (B, H_kv, S): column sums over the queries, sum or mean over the group."""
-    batch, kv_heads, group, q_len, slots = increment.shape
-    if q_len > 1:
-        increment = increment.sum(dim=3, keepdim=True)
-    if group > 1:
-        increment = increment.sum(dim=2, keepdim=True) if gqa_reduce == "sum" else increment.mean(dim=2, keepdim=True)
-    return increment.view(batch, kv_heads, slots)
