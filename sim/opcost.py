@@ -151,7 +151,7 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
         t_compute[inside] = 0.0
         t_memory[inside] = 0.0
     counts = [op.launches for op in ops]
-    if all(np.ndim(c) == 0 for c in counts):
+    if all(isinstance(c, (int, float)) for c in counts) or all(np.ndim(c) == 0 for c in counts):
         launches = np.array(counts, dtype=float).reshape(-1, *extra)
     else:   # per-point launch counts (an op that only some dtypes of a mixed grid run)
         launches = np.stack([np.broadcast_to(np.asarray(c, dtype=float), np.shape(flops)[1:]) for c in counts])
