@@ -113,8 +113,58 @@ def own_lengths(trace) -> tuple[int, int]:
     return max(prompt, 1), max(gen, 1)
 
 
+def _cached_record(cache_dir, name: str, build):
+    """`build()` (a JSON-ready dict), kept in <cache_dir>/traces/<name>.json: a warm sweep reads no trace
+    table. `name` holds the trace's content hash and the code version, so a recaptured trace or edited
+    code recomputes it."""
+    if cache_dir is None:
+        return build()
+    path = Path(cache_dir) / "traces" / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+        return record
+
+
+def trace_facts(trace_dir: Path, identity: str, cache_dir=None) -> dict:
+    """What the grid needs of a trace: its own model (cell and content hash), every captured (policy label,
+    cache ratio), its own lengths and whether it holds kept positions (cached by content hash)."""
+    from sim.runner import code_version
+
+    def build():
+        trace = load_trace(str(Path(trace_dir).resolve()), identity)
+        cell, spec = trace_model(trace)
+        prompt, gen = own_lengths(trace)
+        return {"cell": cell, "model_hash": spec.content_hash, "prompt": prompt, "gen": gen,
+                "kept": trace.manifest.get("detail", "full") == "full",
+                "pairs": [[label, float(ratio)] for label in trace.policies for ratio in trace.cache_ratios(label)]}
+    return _cached_record(cache_dir, f"{identity}-{code_version()[:12]}-facts", build)
+
+
+def trace_quality(trace_dir: Path, identity: str, cache_dir=None) -> pd.DataFrame:
+    """sim.tradeoff.measured_quality of a trace (cached by the trace's and its quality report's content)."""
+    import hashlib
+    from sim.runner import code_version
+    from sim.tradeoff import measured_quality
+    report = Path(trace_dir) / "quality" / "quality.csv"
+    report_hash = hashlib.sha256(report.read_bytes()).hexdigest()[:12] if report.is_file() else "none"
+
+    def build():
+        frame = measured_quality(load_trace(str(Path(trace_dir).resolve()), identity), trace_label(trace_dir))
+        return {"columns": list(frame.columns), "dtypes": [str(t) for t in frame.dtypes],
+                "rows": frame.astype(object).where(frame.notna(), None).values.tolist()}
+    record = _cached_record(cache_dir, f"{identity}-{report_hash}-{code_version()[:12]}-quality", build)
+    frame = pd.DataFrame(record["rows"], columns=record["columns"])
+    return frame.astype(dict(zip(record["columns"], record["dtypes"])))
+
+
 def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), batches=None,
-               layouts=(PLAIN,)) -> pd.DataFrame:
+               layouts=(PLAIN,), cache_dir=None) -> pd.DataFrame:
     """Points for every trace x its captured (policy, cache ratio) x config devices, dtypes, profiles.
 
     A captured policy (or variant, e.g. `keyformer(noise=none)`) is kept when its base policy is in
@@ -126,12 +176,11 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
     for trace_dir in trace_dirs:
         trace_dir = Path(trace_dir)
         identity = trace_identity(trace_dir)
-        trace = load_trace(str(trace_dir.resolve()), identity)
-        own_model, own_spec = trace_model(trace)
-        own_prompt, own_gen = own_lengths(trace)
-        targets = [(own_model, own_spec) if m == OWN else (m, load_model(m)) for m in models]
-        pairs = [(label, ratio) for label in trace.policies if base_policy(label) in config.policies
-                 for ratio in trace.cache_ratios(label)]
+        facts = trace_facts(trace_dir, identity, cache_dir)
+        own_prompt, own_gen = facts["prompt"], facts["gen"]
+        targets = [(facts["cell"], facts["model_hash"]) if m == OWN else (m, load_model(m).content_hash)
+                   for m in models]
+        pairs = [(label, ratio) for label, ratio in facts["pairs"] if base_policy(label) in config.policies]
         lengths = [(own_prompt if p == OWN else int(p), own_gen if g == OWN else int(g)) for p in prompts for g in gens]
         rows = [(hw, cell, label, ratio, recent, batch, beams, prompt, gen, kvd, wd, profile)
                 for hw in config.hw for cell, _ in targets for label, ratio in pairs
@@ -142,12 +191,12 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
         frame.insert(2, "policy", frame["policy_label"].map(base_policy))
         frame["cache_ratio"] = frame["cache_ratio"].astype(float)
         frame["hw_hash"] = frame["hw"].map({n: d.content_hash for n, d in devices.items()})
-        frame["model_hash"] = frame["model"].map({c: s.content_hash for c, s in targets})
+        frame["model_hash"] = frame["model"].map(dict(targets))
         frame["trace"] = trace_label(trace_dir)
         frame["trace_path"] = str(trace_dir.resolve())
         frame["trace_hash"] = identity
         if list(layouts) != [PLAIN]:   # a layout axis: one copy of the points per layout
-            kept = trace.manifest.get("detail", "full") == "full"
+            kept = facts["kept"]
             parts = [frame.assign(layout=lay.name, block_size=lay.block_size, compact_every=lay.compact_every or 0)
                      for lay in layouts if kept or lay.is_plain]   # blocks need kept positions
             if not parts:

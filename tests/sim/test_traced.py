@@ -81,3 +81,23 @@ def test_a_trace_without_a_known_model_is_a_clear_error(tmp_path, config):
 def test_bundled_traces_are_real_trace_folders():
     for path in traced.bundled_traces():
         assert (path / "kv.parquet").exists()
+
+
+def test_a_warm_sweep_reads_no_trace_table(tmp_path, monkeypatch):
+    """trace_grid and the measured quality come from the per-trace records in the cache folder (keyed by the
+    trace's content, its quality report and the code version): the second run loads no trace."""
+    from sim import traced
+    from sim.sweep.grid import GridConfig
+    import traces
+    folder = traces.catalog().trace("stories260k/tinystories-kept")
+    config = GridConfig(hw=["h200-sxm"], models=["llama-2-7b"], policies=["h2o", "window"], cache_ratios=[0.5],
+                        batches=[1], prompts=[512], gens=[16])
+    identity = traced.trace_identity(folder)
+    first = traced.trace_grid(config, [folder], cache_dir=tmp_path)
+    quality = traced.trace_quality(folder, identity, tmp_path)
+    loads = []
+    monkeypatch.setattr(traced, "load_trace", lambda *a, **k: loads.append(a) or pytest.fail("loaded a trace"))
+    again = traced.trace_grid(config, [folder], cache_dir=tmp_path)
+    pd.testing.assert_frame_equal(first, again)
+    pd.testing.assert_frame_equal(quality, traced.trace_quality(folder, identity, tmp_path))
+    assert not loads and len(list((tmp_path / "traces").glob("*.json"))) == 2
