@@ -14,13 +14,13 @@ can spread it over processes or a Dask cluster; each worker loads a trace once).
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from kvcommon.cli import atomic_write_text
 from sim import engine
 from sim.layouts import Layout, with_compaction
 from sim.models import list_models, load_model, spec_from_config
@@ -29,26 +29,6 @@ from sim.tradeoff import trace_identity
 OWN = "own"                      # "the trace's own model / lengths" in the config
 TRACE_MODEL_PREFIX = "trace:"    # model cell for a trace's own model that is not a shipped name
 PLAIN = Layout()                 # per-head slots, no compaction: what a point without a layout axis means
-
-
-def bundled_traces() -> list[Path]:
-    """Bundled trace folders (traces/data/**), only real traces (timing folders share the layout).
-
-    os.walk, not Path.glob: it skips entries that vanish while it looks (a capture writing its
-    temporary shards next door) instead of failing."""
-    import traces
-    root = Path(traces.__file__).resolve().parent / "data"
-    found = []
-    for folder, _, files in os.walk(root):
-        if "manifest.json" not in files:
-            continue
-        try:
-            kind = json.loads((Path(folder) / "manifest.json").read_text()).get("kind")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if kind == "kvsim-trace":
-            found.append(Path(folder))
-    return sorted(found)
 
 
 def trace_label(path) -> str:
@@ -125,9 +105,7 @@ def _cached_record(cache_dir, name: str, build):
     except (OSError, ValueError):
         record = build()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(record))
         return record
 
 

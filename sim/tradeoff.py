@@ -9,6 +9,7 @@ point's model fed with that trace's KV lengths. Both are labelled in the joined 
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,16 @@ _ID_COLUMNS = {"policy", "cache_ratio", "sample", "trace", "model", "dataset", "
 def trace_identity(path: str | Path) -> str:
     """Hash of what a trace feeds the simulator: its manifest and its KV-length table (the bytes).
 
-    Part of every trace-driven point's cache key: a recaptured trace invalidates its points."""
-    path = Path(path)
+    Part of every trace-driven point's cache key: a recaptured trace invalidates its points. Hashed once
+    per process and file state (path, size, mtime): a sweep asks for it per phase and per point."""
+    path = Path(path).resolve()
+    stats = tuple((f.stat().st_size, f.stat().st_mtime_ns) if f.exists() else None
+                  for f in (path / "manifest.json", path / "kv.parquet"))
+    return _content_identity(path, stats)
+
+
+@lru_cache(maxsize=256)
+def _content_identity(path: Path, stats: tuple) -> str:
     digest = hashlib.sha256()
     for name in ("manifest.json", "kv.parquet"):
         file = path / name

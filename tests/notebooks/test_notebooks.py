@@ -32,8 +32,8 @@ def test_every_notebook_is_listed_with_its_figures():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes_headless_within_a_minute(path, tmp_path, monkeypatch):
     if path.stem == "03_accuracy_vs_budget":
-        from sim import traced
-        if not traced.bundled_traces():
+        import traces
+        if not traces.catalog().traces:
             pytest.skip("no bundled traces under traces/data/ (being recaptured?)")
     notebook = jupytext.read(path)
     assert notebook.metadata["jupytext"]["text_representation"]["format_name"] == "percent"
