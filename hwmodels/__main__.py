@@ -18,8 +18,10 @@ SAMPLE_FLOPS = (1e7, 1e9, 1e11, 1e12)
 
 # Optional tables (file key, Device attribute, unit of their sizes), shown point by point when present.
 TABLES = (("gemm_rows_efficiency", "gemm_rows_curve", "rows"),
+          ("gemm_rows_in_out_efficiency", "gemm_rows_in_out_curve", "rows"),
           ("attn_scores_efficiency", "attn_scores_curve", "head_dim"),
           ("attn_values_efficiency", "attn_values_curve", "head_dim"),
+          ("sdpa_decode_efficiency", "sdpa_decode_curve", "head_dim"),
           ("fresh_alloc_efficiency", "fresh_alloc_curve", "bytes"))
 LONG_FIELDS = ("bw_efficiency", "compute_efficiency", *(key for key, _, _ in TABLES))
 
@@ -28,7 +30,7 @@ def show_rows(device) -> list[tuple[str, str, str]]:
     """(field, value, source) rows describing a device."""
     src = device.sources
     rows = [
-        ("memory_capacity", format_quantity(device.memory_bytes, "size"), src["memory_capacity"]),
+        ("memory_capacity", format_quantity(device.memory_bytes, "capacity"), src["memory_capacity"]),
         ("memory_bandwidth", format_quantity(device.memory_bw, "bandwidth"), src["memory_bandwidth"]),
     ]
     for dtype in DTYPES:
@@ -52,18 +54,18 @@ def show_rows(device) -> list[tuple[str, str, str]]:
                    for field, text in src.items() if field.split(".")[0] == key]
         rows.append((key, value, " | ".join(sources)))
     for key, attr, unit in TABLES:
-        curve = getattr(device, attr)
+        curve = getattr(device.tables, attr)
         if curve is not None:
             points = ", ".join(f"{format_quantity(s, 'size') if unit == 'bytes' else f'{s:g} {unit}'}: {f:.3g}"
                                for s, f in zip(curve.sizes, curve.fractions))
             rows.append((key, points, src.get(key, "")))
     rows.append(("launch_overhead", format_quantity(device.launch_overhead_s, "time"), src["launch_overhead"]))
     rows.append(("host_overhead", format_quantity(device.host_overhead_s, "time"), src["host_overhead"]))
-    if device.eager_call_overhead_s is not None:
-        rows.append(("eager_call_overhead", format_quantity(device.eager_call_overhead_s, "time"),
+    if device.tables.eager_call_overhead_s is not None:
+        rows.append(("eager_call_overhead", format_quantity(device.tables.eager_call_overhead_s, "time"),
                      src["eager_call_overhead"]))
-    if device.eager_weight_switch_s is not None:
-        rows.append(("eager_weight_switch_overhead", format_quantity(device.eager_weight_switch_s, "time"),
+    if device.tables.eager_weight_switch_s is not None:
+        rows.append(("eager_weight_switch_overhead", format_quantity(device.tables.eager_weight_switch_s, "time"),
                      src["eager_weight_switch_overhead"]))
     return rows
 
@@ -101,7 +103,7 @@ def list_rows() -> list[tuple[str, ...]]:
             used = device.flops_dtype(dtype)
             text = format_quantity(device.flops[used], "ops_rate")
             peaks.append(text if used == dtype else f"{text} ({used})")
-        rows.append((name, format_quantity(device.memory_bytes, "size"), format_quantity(device.memory_bw, "bandwidth"),
+        rows.append((name, format_quantity(device.memory_bytes, "capacity"), format_quantity(device.memory_bw, "bandwidth"),
                      *peaks, "calibrated" if device.calibration else "datasheet"))
     return rows
 

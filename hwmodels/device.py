@@ -33,6 +33,11 @@ FALLBACK = {
 }
 
 
+# glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit systems: its adaptive mmap threshold never exceeds 32 MiB, so
+# a larger allocation is always mapped to fresh pages (malloc/malloc.c, mallopt(3))
+MMAP_THRESHOLD_MAX = 32 * 2**20
+
+
 @dataclass(frozen=True)
 class CalibratedTables:
     """The optional tables and figures a calibrated device file adds (hwmodels.calibrate), with neutral
@@ -41,6 +46,9 @@ class CalibratedTables:
     fresh tensors stream like any op (factor 1), and eager code pays launch_overhead_s per call."""
     # token rows of a weight GEMM -> fraction of peak FLOP/s (the measured skinny-GEMM rate)
     gemm_rows_curve: object = None
+    # the same for weights stored [in, out] and applied as x @ W (transformers' Conv1D: GPT-2), which a
+    # CPU BLAS runs with other micro-kernels; None: such GEMMs use gemm_rows_curve
+    gemm_rows_in_out_curve: object = None
     # head width -> fraction of the streaming rate that eager attention's batched GEMVs over the KV cache
     # reach: q @ K^T (scores) and p @ V (values)
     attn_scores_curve: object = None
@@ -54,16 +62,22 @@ class CalibratedTables:
     # bytes of a newly allocated tensor -> fraction of the copy rate into an existing buffer that filling
     # it reaches (a CPU allocator maps fresh pages above its mmap threshold)
     fresh_alloc_curve: object = None
+    # head width -> fraction of the fp32 peak that SDPA's decode kernel reaches per (query head, key), K/V
+    # in cache (hwmodels.calibrate sdpa_core series); None: SDPA costs its bytes like any attention
+    sdpa_decode_curve: object = None
 
-    def gemm_rows_efficiency(self, rows):
+    def gemm_rows_efficiency(self, rows, in_out: bool = False):
         """Achievable fraction of peak FLOP/s of a weight GEMM with `rows` token rows (array in,
-        array out), or None without a `gemm_rows_efficiency` table.
+        array out), or None without a `gemm_rows_efficiency` table. `in_out`: weights stored [in, out]
+        (x @ W), read off `gemm_rows_in_out_efficiency` where the file has it.
 
         Few-row GEMMs (decode at batch 2..64) do not reach the square-GEMM rate: a CPU BLAS runs
         them with narrow micro-kernels that are neither streaming (GEMV) nor register-blocked
         (GEMM). The table is measured on model-sized weights (hwmodels.calibrate, skinny series)."""
         if self.gemm_rows_curve is None:
             return None
+        if in_out and self.gemm_rows_in_out_curve is not None:
+            return self.gemm_rows_in_out_curve(rows)
         return self.gemm_rows_curve(rows)
 
     def attn_scores_factor(self, head_dim):
@@ -86,8 +100,37 @@ class CalibratedTables:
         Eager code that grows or reorders a cache (torch.cat, index_select, repeat_kv) allocates its
         output every call. glibc serves allocations above its mmap threshold (at most 32 MiB) with
         fresh pages that fault and are zeroed on first write; a GPU caching allocator reuses blocks.
-        (The table's fractions are in (0, 1]: the schema checks them.)"""
-        return _factor(self.fresh_alloc_curve, nbytes)
+        (The table's fractions are in (0, 1]: the schema checks them.)
+
+        Two regimes, split at glibc's largest mmap threshold (MMAP_THRESHOLD_MAX): a tensor is read off
+        the measured sizes on its own side of it (interpolated in log-size, held at that side's ends),
+        never blended across it. Interpolating between the last heap size and the first mapped one (32
+        and 48 MiB in the CPU plan) gave a 37 MB tensor, which glibc maps to fresh pages, a mix of the
+        two (measured 2026-12-01: GPT-2 small at batch 4 and 3000 tokens, 37 MB per layer's K, was
+        predicted 46% fast that way)."""
+        curve = self.fresh_alloc_curve
+        if curve is None:
+            return _factor(None, nbytes)
+        sizes, fractions = np.asarray(curve.sizes, dtype=float), np.log(np.asarray(curve.fractions, dtype=float))
+        x = np.log(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        heap, mapped = sizes <= MMAP_THRESHOLD_MAX, sizes > MMAP_THRESHOLD_MAX
+        if not heap.any() or not mapped.any():
+            value = np.exp(np.interp(x, np.log(sizes), fractions))
+        else:
+            below = np.interp(x, np.log(sizes[heap]), fractions[heap])
+            above = np.interp(x, np.log(sizes[mapped]), fractions[mapped])
+            value = np.exp(np.where(np.asarray(nbytes, dtype=float) > MMAP_THRESHOLD_MAX, above, below))
+        return float(value) if np.ndim(value) == 0 else value
+
+
+    def sdpa_decode_efficiency(self, head_dim):
+        """Fraction of the fp32 peak that scaled_dot_product_attention reaches at decode per (query head,
+        key) for heads `head_dim` wide (nearest measured widths interpolated, held beyond the ends), or
+        None without an `sdpa_decode_efficiency` table. On a CPU its kernel loops over query heads, so a
+        grouped-query model pays this per query head while reading each K/V head from memory once."""
+        if self.sdpa_decode_curve is None:
+            return None
+        return _factor(self.sdpa_decode_curve, head_dim)
 
 
 NEUTRAL = CalibratedTables()
@@ -117,30 +160,14 @@ class Device:
     calibration: Mapping | None = None   # raw measurements of a calibrated file
     # dtype whose peak the compute curve's sizes refer to (None: sizes are used as given)
     compute_reference_dtype: str | None = None
-    # token rows of a weight GEMM -> fraction of peak FLOP/s (None: no skinny-GEMM limit)
-    gemm_rows_curve: object = None
-    # head width -> fraction of the streaming rate that eager attention's batched GEMVs over the
-    # KV cache reach: q @ K^T (scores) and p @ V (values); None: they stream like any op
-    attn_scores_curve: object = None
-    attn_values_curve: object = None
-    # per top-level call of eager model code (nn.Module machinery, output allocation, nested aten
-    # calls, Python between calls): what eager profiles charge per launch; None: not calibrated
-    eager_call_overhead_s: float | None = None
-    # what the eager calls around one streamed weight GEMV lose (their code and data were evicted by
-    # the stream): eager profiles charge it per weight-GEMM launch; None: not calibrated
-    eager_weight_switch_s: float | None = None
-    # bytes of a newly allocated tensor -> fraction of the copy rate into an existing buffer that filling
-    # it reaches (a CPU allocator maps fresh pages above its mmap threshold); None: no allocation cost
-    fresh_alloc_curve: object = None
-    # the six fields above as one object (what the simulator reads); NEUTRAL when the file has none
-    tables: CalibratedTables = field(init=False, repr=False, compare=False)
+    # the optional calibrated tables and figures (hwmodels.calibrate); NEUTRAL for a datasheet file
+    tables: CalibratedTables = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
-        given = {name: getattr(self, name) for name in TABLE_FIELDS}
-        object.__setattr__(self, "tables", CalibratedTables(**given) if any(v is not None for v in given.values())
-                           else NEUTRAL)
+        if self.tables is None:
+            object.__setattr__(self, "tables", NEUTRAL)
 
     def __eq__(self, other):
         return isinstance(other, Device) and other.content_hash == self.content_hash
@@ -195,8 +222,8 @@ class Device:
         return self.compute_curve(self.compute_equivalent_flops(flops, self.peak_flops(dtype)))
 
     # the calibrated tables' lookups, on the device as before (the simulator reads them through `tables`)
-    def gemm_rows_efficiency(self, rows):
-        return self.tables.gemm_rows_efficiency(rows)
+    def gemm_rows_efficiency(self, rows, in_out: bool = False):
+        return self.tables.gemm_rows_efficiency(rows, in_out)
 
     def attn_scores_factor(self, head_dim):
         return self.tables.attn_scores_factor(head_dim)
@@ -218,14 +245,18 @@ class Device:
             "bw_efficiency": self.bw_curve.to_dict(),
             "compute_efficiency": self.compute_curve.to_dict(),
             "compute_reference_dtype": self.compute_reference_dtype,
-            "gemm_rows_efficiency": None if self.gemm_rows_curve is None else self.gemm_rows_curve.to_dict(),
-            "attn_scores_efficiency": None if self.attn_scores_curve is None else self.attn_scores_curve.to_dict(),
-            "attn_values_efficiency": None if self.attn_values_curve is None else self.attn_values_curve.to_dict(),
+            **{key: None if getattr(self.tables, attr) is None else getattr(self.tables, attr).to_dict()
+               for key, attr in (("gemm_rows_efficiency", "gemm_rows_curve"),
+                                 ("gemm_rows_in_out_efficiency", "gemm_rows_in_out_curve"),
+                                 ("attn_scores_efficiency", "attn_scores_curve"),
+                                 ("attn_values_efficiency", "attn_values_curve"),
+                                 ("sdpa_decode_efficiency", "sdpa_decode_curve"))},
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
-            "eager_call_overhead_s": self.eager_call_overhead_s,
-            "eager_weight_switch_s": self.eager_weight_switch_s,
-            "fresh_alloc_efficiency": None if self.fresh_alloc_curve is None else self.fresh_alloc_curve.to_dict(),
+            "eager_call_overhead_s": self.tables.eager_call_overhead_s,
+            "eager_weight_switch_s": self.tables.eager_weight_switch_s,
+            "fresh_alloc_efficiency": (None if self.tables.fresh_alloc_curve is None
+                                       else self.tables.fresh_alloc_curve.to_dict()),
             "content_hash": self.content_hash,
             "source_path": self.source_path,
             "sources": dict(self.sources),

@@ -71,8 +71,6 @@ def load_device(name_or_path) -> Device:
         content_hash=hashlib.sha256(raw).hexdigest()[:16], source_path=str(path),
         sources=parsed.sources, notes=parsed.notes, calibration=parsed.calibration,
         compute_reference_dtype=parsed.compute_reference_dtype,
-        gemm_rows_curve=parsed.gemm_rows_curve, attn_scores_curve=parsed.attn_scores_curve,
-        attn_values_curve=parsed.attn_values_curve, eager_call_overhead_s=parsed.eager_call_overhead_s,
-        eager_weight_switch_s=parsed.eager_weight_switch_s, fresh_alloc_curve=parsed.fresh_alloc_curve)
+        tables=parsed.tables)
     _cache[key] = device
     return device

@@ -27,12 +27,19 @@ the units each field accepts and devices/h200-sxm.yaml for a complete example.
       size_unit: rows
       points: [[1, 0.05], [8, 0.15], [64, 0.6]]
       source: ...
+    gemm_rows_in_out_efficiency:  # optional: the same for weights stored [in, out] (x @ W: Conv1D)
+      form: table
+      size_unit: rows
+      points: [[1, 0.05], [8, 0.2], [64, 0.6]]
+      source: ...
     attn_scores_efficiency:  # optional: fraction of the streaming (GEMV) rate that eager attention's
       form: table            # q @ K^T over the KV cache reaches, vs head width (any shape allowed)
       size_unit: head_dim
       points: [[64, 0.65], [128, 1.0]]
       source: ...
     attn_values_efficiency:  # optional: the same for p @ V
+    sdpa_decode_efficiency:  # optional: fraction of the fp32 peak SDPA's decode kernel reaches per
+                             # (query head, key) with K/V in cache, vs head width (any shape allowed)
       form: table
       size_unit: head_dim
       points: [[64, 0.9], [128, 1.0]]
@@ -61,6 +68,7 @@ from dataclasses import dataclass
 import yaml
 
 from .curves import SaturatingCurve, TableCurve, check_table
+from .device import NEUTRAL, CalibratedTables
 from .dtypes import DTYPES
 from .errors import HardwareFileError
 from .units import UnitError, to_base
@@ -70,14 +78,16 @@ REQUIRED = ("schema_version", "name", "description", "memory_capacity", "memory_
             "peak_flops", "bw_efficiency", "compute_efficiency", "launch_overhead",
             "host_overhead")
 ATTN_TABLES = ("attn_scores_efficiency", "attn_values_efficiency")
+SDPA_TABLE = "sdpa_decode_efficiency"
 FRESH_TABLE = "fresh_alloc_efficiency"
 # tables of a factor, not a size curve that saturates: any shape is valid
-ANY_SHAPE_TABLES = (*ATTN_TABLES, FRESH_TABLE)
-OPTIONAL = ("notes", "calibration", "gemm_rows_efficiency", *ATTN_TABLES, FRESH_TABLE, "eager_call_overhead",
+ANY_SHAPE_TABLES = (*ATTN_TABLES, SDPA_TABLE, FRESH_TABLE)
+ROWS_TABLES = ("gemm_rows_efficiency", "gemm_rows_in_out_efficiency")
+OPTIONAL = ("notes", "calibration", *ROWS_TABLES, *ATTN_TABLES, SDPA_TABLE, FRESH_TABLE, "eager_call_overhead",
             "eager_weight_switch_overhead")
 QUANTITY_KEYS = ("value", "unit", "source")
-CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", "gemm_rows_efficiency": "rows",
-                   **{key: "head_dim" for key in ATTN_TABLES}, FRESH_TABLE: "size"}
+CURVE_SIZE_KIND = {"bw_efficiency": "size", "compute_efficiency": "ops", **{key: "rows" for key in ROWS_TABLES},
+                   **{key: "head_dim" for key in (*ATTN_TABLES, SDPA_TABLE)}, FRESH_TABLE: "size"}
 # Provenance and raw medians written by hwmodels.calibrate; kept for re-fitting, not read
 # by the model.
 CALIBRATION_KEYS = ("tool", "mode", "device", "host", "date", "wall_time_s", "env", "versions",
@@ -101,12 +111,7 @@ class ParsedFile:
     notes: str | None
     calibration: dict | None
     compute_reference_dtype: str | None = None
-    gemm_rows_curve: object = None
-    attn_scores_curve: object = None    # head width -> fraction of the streaming rate (q @ K^T)
-    attn_values_curve: object = None    # the same for p @ V
-    eager_call_overhead_s: float | None = None   # per top-level eager call (None: not in the file)
-    eager_weight_switch_s: float | None = None   # per weight-GEMM launch in eager code (None: not in the file)
-    fresh_alloc_curve: object = None    # tensor bytes -> fraction of the copy rate into a fresh tensor
+    tables: CalibratedTables = NEUTRAL   # the optional calibrated tables (hwmodels.device)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -267,8 +272,11 @@ def parse(data: dict, path) -> ParsedFile:
             r.fail("compute_efficiency.reference_dtype",
                    f"must name a dtype listed under peak_flops ({', '.join(flops)}), got {_describe(reference)}")
     rows_curve = r.curve(data, "gemm_rows_efficiency") if "gemm_rows_efficiency" in data else None
+    in_out_curve = (r.curve(data, "gemm_rows_in_out_efficiency") if "gemm_rows_in_out_efficiency" in data
+                    else None)
     scores_curve, values_curve = (r.curve(data, key) if key in data else None for key in ATTN_TABLES)
     fresh_curve = r.curve(data, FRESH_TABLE) if FRESH_TABLE in data else None
+    sdpa_curve = r.curve(data, SDPA_TABLE) if SDPA_TABLE in data else None
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
     eager_call = (r.quantity(data, "eager_call_overhead", "eager_call_overhead", "time")
@@ -280,11 +288,12 @@ def parse(data: dict, path) -> ParsedFile:
     calibration = data.get("calibration")
     if calibration is not None:
         r.keys(calibration, "calibration", (), CALIBRATION_KEYS)
+    given = dict(gemm_rows_curve=rows_curve, gemm_rows_in_out_curve=in_out_curve, attn_scores_curve=scores_curve,
+                 attn_values_curve=values_curve, eager_call_overhead_s=eager_call, eager_weight_switch_s=switch,
+                 fresh_alloc_curve=fresh_curve, sdpa_decode_curve=sdpa_curve)
+    tables = CalibratedTables(**given) if any(v is not None for v in given.values()) else NEUTRAL
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
-                      launch, host, r.sources, notes, calibration, reference, rows_curve,
-                      attn_scores_curve=scores_curve, attn_values_curve=values_curve,
-                      eager_call_overhead_s=eager_call, eager_weight_switch_s=switch,
-                      fresh_alloc_curve=fresh_curve)
+                      launch, host, r.sources, notes, calibration, reference, tables)
 
 
 def _describe(value) -> str:

@@ -104,6 +104,11 @@ def format_quantity(value: float, kind: str) -> str:
             if abs(value) >= factor:
                 return f"{value / factor:.3g} {unit}"
         return f"{value / 1e-9:.3g} ns"
+    if kind == "capacity":   # a memory capacity: in GiB when it is a whole number of them (binary DRAM)
+        gib = value / 2**30
+        if gib >= 1 and abs(gib - round(gib)) < 1e-9 * gib:
+            return f"{round(gib)} GiB"
+        kind = "size"
     suffix = {"size": "B", "bandwidth": "B/s", "ops_rate": "FLOP/s", "ops": "FLOP"}[kind]
     # Rates stop at T (datasheets write 1,979 TFLOP/s, not 1.979 PFLOP/s).
     prefixes = ("T", "G", "M", "K") if kind in ("bandwidth", "ops_rate") else ("P", "T", "G", "M", "K")

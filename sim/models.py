@@ -61,6 +61,14 @@ class ModelSpec:
             raise ValueError(f"model {self.name}: sliding_layers without a sliding_window")
 
     @property
+    def weights_in_out(self) -> bool:
+        """Projection weights stored [in, out] and applied as x @ W: transformers' Conv1D (GPT-2 and
+        Cerebras-GPT, model_type gpt2: c_attn, c_proj, c_fc); its LM head is an nn.Linear like every
+        model's. A CPU BLAS runs few-row GEMMs of the two layouts at different rates (hwmodels
+        gemm_rows_in_out_efficiency)."""
+        return self.model_type == "gpt2"
+
+    @property
     def windowed_layers(self) -> int:
         """Layers that keep at most `sliding_window` tokens (0: every layer holds the whole context)."""
         return len(self.sliding_layers) if self.sliding_window else 0

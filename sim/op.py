@@ -29,6 +29,7 @@ class Op:
     launches: float = 1.0
     gemm: bool = False          # True: a GEMM over the weights, at the weight dtype's peak; else at the activation dtype's
     rows: Any = None            # gemm: token rows multiplied by the weight (skinny-GEMM efficiency)
+    weights_in_out: bool = False  # gemm: weights stored [in, out], applied as x @ W (Conv1D's skinny table)
     # a GEMM over activations (attention's batched q @ K^T and p @ V), at the activation dtype's peak.
     # GEMM-class ops (gemm or matmul) get the compute-efficiency ramp; other ops run without one
     # (docs/sim.md "Operator cost")

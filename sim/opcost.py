@@ -61,7 +61,7 @@ def gemm_rows_limit(hw, ops, eff):
     eff = np.array(eff, dtype=float, copy=True)
     for i, op in enumerate(ops):
         if op.gemm and op.rows is not None:
-            limit = rows_eff(np.maximum(np.asarray(op.rows, dtype=float), 1.0))
+            limit = rows_eff(np.maximum(np.asarray(op.rows, dtype=float), 1.0), op.weights_in_out)
             eff[i] = np.minimum(eff[i], limit)
     return eff
 

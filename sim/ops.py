@@ -23,18 +23,20 @@ def dense_ops(ctx: OpContext) -> list[Op]:
     mlp_w = (3 if m.gated_mlp else 2) * d * m.d_ff
     mlp_inner = (2 if m.gated_mlp else 1) * m.d_ff      # gate+up (or up) output written, then read
     logits_rows = ctx.rows                               # fused: logits for the last position only
+    in_out = m.weights_in_out                            # Conv1D projections (GPT-2); the LM head is a Linear
     return _adjust(ctx, [
         Op("embed", False, weight_bytes=tokens * d * wb, act_bytes=tokens * d * ab, launches=_launch(ctx, "embed")),
         Op("norms", True, flops=2 * NORM_FLOPS * tokens * d, weight_bytes=2 * d * wb,
            act_bytes=2 * 2 * tokens * d * ab, launches=_launch(ctx, "norms")),
         Op("qkv_proj", True, flops=2 * tokens * qkv_w, weight_bytes=qkv_w * wb,
            act_bytes=tokens * (d + (m.n_heads + 2 * m.n_kv_heads) * hd) * ab, launches=_launch(ctx, "qkv_proj"),
-           gemm=True, rows=tokens),
+           gemm=True, rows=tokens, weights_in_out=in_out),
         Op("out_proj", True, flops=2 * tokens * out_w, weight_bytes=out_w * wb,
            act_bytes=tokens * (m.n_heads * hd + d) * ab, launches=_launch(ctx, "out_proj"), gemm=True,
-           rows=tokens),
+           rows=tokens, weights_in_out=in_out),
         Op("mlp", True, flops=2 * tokens * mlp_w, weight_bytes=mlp_w * wb,
-           act_bytes=tokens * (2 * d + mlp_inner + m.d_ff) * ab, launches=_launch(ctx, "mlp"), gemm=True, rows=tokens),
+           act_bytes=tokens * (2 * d + mlp_inner + m.d_ff) * ab, launches=_launch(ctx, "mlp"), gemm=True, rows=tokens,
+           weights_in_out=in_out),
         Op("final_norm", False, flops=NORM_FLOPS * tokens * d, weight_bytes=d * wb, act_bytes=2 * tokens * d * ab,
            launches=_launch(ctx, "final_norm")),
         Op("lm_head", False, flops=2 * logits_rows * m.vocab_size * d, weight_bytes=m.vocab_size * d * wb,

@@ -94,6 +94,9 @@ class BufferPool:
         return [v.view(shape) for v in views] if shape else views
 
 
+SDPA_QUERY_HEADS, SDPA_KV_HEADS = 16, 4
+
+
 def run_attention(plan: Plan, pool: BufferPool, head_dim: int, timer, new, tick) -> None:
     """Eager attention's two batched GEMVs over a KV cache of heads `head_dim` wide (keyformer
     attend(): one query row per KV head at decode), K and V rotating through the pool so they
@@ -117,6 +120,20 @@ def run_attention(plan: Plan, pool: BufferPool, head_dim: int, timer, new, tick)
         tick(f"attn scores d={head_dim} S={seq}")
         values.add(size, median_seconds(lambda: torch.matmul(p, next(caches)), timer, plan))
         tick(f"attn values d={head_dim} S={seq}")
+    # SDPA's decode kernel over a long cache (K and V rotating through the pool, as a decode streams them):
+    # its per-(query head, key) cost, which a grouped-query model pays once per query head of a group
+    # while it reads each K/V head from memory once (the repeats hit the caches)
+    q_heads, kv_heads = SDPA_QUERY_HEADS, SDPA_KV_HEADS
+    sdpa = new(f"sdpa_core_{dtype}_d{head_dim}", f"F.scaled_dot_product_attention(q[1, {q_heads}, 1, {head_dim}], "
+               f"K[1, {kv_heads}, S, {head_dim}], V, enable_gqa=True) in {dtype}, K and V rotating through the pool; "
+               "size = query heads x S", "keys")
+    q4 = torch.ones(1, q_heads, 1, head_dim, dtype=tdtype, device=device)
+    for nbytes in plan.attn_kv_bytes:
+        seq = max(nbytes // (kv_heads * head_dim * element), 1)
+        caches = itertools.cycle(pool.views(kv_heads * seq * head_dim * element, tdtype, (1, kv_heads, seq, head_dim)))
+        sdpa.add(q_heads * seq, median_seconds(
+            lambda: F.scaled_dot_product_attention(q4, next(caches), next(caches), enable_gqa=True), timer, plan))
+        tick(f"sdpa d={head_dim} S={seq}")
 
 
 def fresh_alloc_child(plan: Plan, threads: int) -> list[tuple[int, float, float]]:
@@ -239,6 +256,15 @@ def run_all(plan: Plan, progress=None, timer=None) -> dict:
             x = torch.ones(rows, n, dtype=tdtype, device=device)
             skinny.add(rows, median_seconds(lambda: F.linear(x, next(weights)), timer, plan))
             tick(f"skinny {dtype} n={n} M={rows}")
+        # the same weights read as [in, out] (x @ W plus a bias, as transformers' Conv1D does)
+        in_out = new(f"skinny_io_{dtype}_n{n}", f"torch.addmm(b[{n}], x[M, {n}], W[{n}, {n}]) in {dtype} (weights "
+                     f"stored [in, out], as transformers' Conv1D), W rotating through the pool; size = token rows "
+                     f"M; FLOPs = 2 M {n}^2", "rows")
+        bias = torch.zeros(n, dtype=tdtype, device=device)
+        for rows in plan.skinny_rows:
+            x = torch.ones(rows, n, dtype=tdtype, device=device)
+            in_out.add(rows, median_seconds(lambda: torch.addmm(bias, x, next(weights)), timer, plan))
+            tick(f"skinny [in, out] {dtype} n={n} M={rows}")
     for d in plan.attn_head_dims:
         run_attention(plan, pool, d, timer, new, tick)
     if plan.fresh_sizes:

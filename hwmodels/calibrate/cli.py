@@ -92,6 +92,9 @@ def parse_args(argv):
     parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE",
                         help="calibrated files of one device, thread count and mode: write the median of "
                              "their raw series, refitted (no measurement, no torch)")
+    parser.add_argument("--partial-series", action="store_true",
+                        help="with --merge: keep a series only some files have (a newer plan's), as the median "
+                             "over those files; the output's notes name it and its run count")
     parser.add_argument("--out", type=Path, help="output YAML (default: ./<name>.yaml); to ship it as a "
                         "device, write hwmodels/devices/<name>.yaml")
     parser.add_argument("--name", help="device name in the file (default: <device>-local, or the first "
@@ -109,6 +112,8 @@ def parse_args(argv):
         parser.error(f"{'--quick' if args.quick else '--thorough'} measures; it has no meaning with --merge")
     if args.quick and args.thorough:
         parser.error("give --quick or --thorough, not both")
+    if args.partial_series and not args.merge:
+        parser.error("--partial-series only applies to --merge")
     if args.merge and args.out is None:
         parser.error("--merge needs --out")
     args.name = args.name or (None if args.merge else f"{args.device}-local")
@@ -214,7 +219,7 @@ def main(argv=None) -> int:
 
 def main_merge(args) -> int:
     try:
-        device = merge_files(args.merge, args.out, args.name)
+        device = merge_files(args.merge, args.out, args.name, partial=args.partial_series)
     except FileNotFoundError as exc:
         fail(f"--merge: {exc.filename}: no such file")
     except OSError as exc:
@@ -249,8 +254,8 @@ def print_summary(device, series, prov, out) -> None:
             print(f"  {name:<16} {best(name, 'ops_rate')}")
     print(f"  dispatch         {device.launch_overhead_s * 1e6:.2f} us per op; host step "
           f"{device.host_overhead_s * 1e6:.1f} us")
-    if device.eager_call_overhead_s is not None:
-        print(f"  eager call       {device.eager_call_overhead_s * 1e6:.2f} us per top-level call")
-    if device.eager_weight_switch_s is not None:
-        print(f"  eager switch     {device.eager_weight_switch_s * 1e6:.1f} us per streamed weight GEMV")
+    if device.tables.eager_call_overhead_s is not None:
+        print(f"  eager call       {device.tables.eager_call_overhead_s * 1e6:.2f} us per top-level call")
+    if device.tables.eager_weight_switch_s is not None:
+        print(f"  eager switch     {device.tables.eager_weight_switch_s * 1e6:.1f} us per streamed weight GEMV")
     print(f"  memory_bw (peak) {format_quantity(device.memory_bw, 'bandwidth')}")

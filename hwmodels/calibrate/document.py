@@ -110,6 +110,11 @@ def build_document(name: str, description: str, memory_bytes: float, memory_how:
             f"{fit.rows_from}: fraction = 2 M n^2 / (peak_flops.{primary_dtype} x (median time - "
             "launch_overhead)), isotonic fit, capped so no larger GEMM is predicted faster"))}
            if fit.rows_table is not None else {}),
+        **({"gemm_rows_in_out_efficiency": table_document(fit.rows_in_out_table, "rows", prov.source(
+            f"{fit.rows_in_out_from}: weights stored [in, out] (torch.addmm, as transformers' Conv1D); fraction "
+            f"= 2 M n^2 / (peak_flops.{primary_dtype} x (median time - launch_overhead)), isotonic fit, capped so "
+            "no larger GEMM is predicted faster"))}
+           if fit.rows_in_out_table is not None else {}),
         **attention_documents(fit.attention, prov.source),
         **({"fresh_alloc_efficiency": table_document(fit.fresh_alloc, "B", prov.source(
             "fresh_copy, fresh_copy_ref: copy time into an existing buffer / into a newly allocated tensor "

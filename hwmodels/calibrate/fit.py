@@ -34,12 +34,12 @@ class Series:
     """Medians of one benchmark over sizes: points are (size, seconds per call)."""
     name: str
     what: str                         # how it was measured, for the file
-    size_kind: str                    # "bytes" (moved per call), "flops", "calls" or "rows"
+    size_kind: str                    # "bytes" (moved per call), "flops", "calls", "rows" or "keys" (query-head keys)
     points: list = field(default_factory=list)
 
     def __post_init__(self):
-        if self.size_kind not in ("bytes", "flops", "calls", "rows"):
-            raise ValueError(f"size kind must be bytes, flops, calls or rows, got {self.size_kind!r}")
+        if self.size_kind not in ("bytes", "flops", "calls", "rows", "keys"):
+            raise ValueError(f"size kind must be bytes, flops, calls, rows or keys, got {self.size_kind!r}")
 
     def add(self, size: float, seconds: float) -> None:
         if not (size > 0 and seconds > 0 and math.isfinite(seconds)):
@@ -83,6 +83,8 @@ class FitResult:
     host_overhead_s: float
     rows_table: TableCurve | None = None    # token rows -> fraction of peak (skinny GEMM series)
     rows_from: str = ""
+    rows_in_out_table: TableCurve | None = None    # the same for weights stored [in, out] (Conv1D)
+    rows_in_out_from: str = ""
     attention: dict = field(default_factory=dict)   # "scores"/"values" -> fit_attention.AttnTable
     eager_call_overhead_s: float | None = None       # per top-level eager call (None: not measured)
     eager_switch_s: float | None = None              # per weight GEMV between eager calls (None: not measured)
@@ -119,16 +121,19 @@ def fit(series: dict, primary_dtype: str) -> FitResult:
     c_sizes, c_fractions = consistent_table(
         gemm.sizes(), raw_efficiency(gemm.sizes(), gemm.seconds(), flops[primary_dtype], launch))
     rows_table, rows_from = fit_rows(series, primary_dtype, flops[primary_dtype], launch)
-    attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch)
+    attention = fit_attention(series, primary_dtype, memory_bw, TableCurve(bw_sizes, bw_fractions), launch,
+                              peak=flops[primary_dtype])
     switch, warnings = fit_eager_switch(series), []
     if switch is not None and switch < EAGER_SWITCH_FLOOR_S:
         warnings.append(f"eager_weight_switch_overhead came out {switch * 1e6:.3g} us (the streaming eager stack "
                         "was no slower than the hot one: noise or contention); bounded at "
                         f"{EAGER_SWITCH_FLOOR_S * 1e6:g} us, i.e. no measurable switch cost")
         switch = EAGER_SWITCH_FLOOR_S
+    in_out_table, in_out_from = fit_rows(series, primary_dtype, flops[primary_dtype], launch, prefix="skinny_io")
     return FitResult(memory_bw, f"{from_name} at {human_bytes(at_size)}", TableCurve(bw_sizes, bw_fractions),
                      flops, flops_from, TableCurve(c_sizes, c_fractions), launch, host, rows_table, rows_from,
-                     attention, fit_eager_call(series), switch, fit_fresh_alloc(series), tuple(warnings))
+                     in_out_table, in_out_from, attention, fit_eager_call(series), switch, fit_fresh_alloc(series),
+                     tuple(warnings))
 
 
 def fit_fresh_alloc(series: dict) -> TableCurve | None:
@@ -179,15 +184,16 @@ def skinny_side(name: str) -> int:
     return int(name.rsplit("_n", 1)[1])
 
 
-def fit_rows(series: dict, primary_dtype: str, peak: float, launch: float):
+def fit_rows(series: dict, primary_dtype: str, peak: float, launch: float, prefix: str = "skinny"):
     """Fraction of peak FLOP/s per token-row count M from the skinny GEMM series.
 
     Per side n: 2 M n^2 / (peak x (time - launch)), the rate the weight GEMM reached at M rows
     (memory time included: where streaming the weight dominates, the fraction reproduces that
     time and the engine's bandwidth term decides anyway). Over the sides, the median per M;
     then the same monotone, never-faster-when-larger cleanup as the other tables.
-    Returns (None, "") when there is no skinny series."""
-    names = sorted((n for n, s in series.items() if n.startswith(f"skinny_{primary_dtype}_n") and s.points),
+    `prefix` "skinny" reads the F.linear series ([out, in] weights), "skinny_io" the [in, out] ones.
+    Returns (None, "") when there is no such series."""
+    names = sorted((n for n, s in series.items() if n.startswith(f"{prefix}_{primary_dtype}_n") and s.points),
                    key=skinny_side)
     if not names:
         return None, ""

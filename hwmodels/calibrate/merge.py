@@ -10,6 +10,9 @@ schema-checked like any other.
 
 Only series and sizes present in EVERY run are kept: a median over fewer runs would weigh those points
 differently from the rest (runs of one plan always have the same points, so nothing is lost then).
+`partial=True` (`--partial-series`) keeps a series that only some runs have (runs of a newer plan that
+measures more), as the median over the runs that have it, and the file's `notes` name each such series
+with its run count.
 """
 from __future__ import annotations
 
@@ -30,19 +33,22 @@ SAME = (("device", lambda c: c.get("device")), ("mode", lambda c: c.get("mode"))
         ("host", lambda c: c.get("host")), ("thread count", lambda c: (c.get("env") or {}).get("torch_threads")))
 
 
-def merge_series(runs: list[dict]) -> dict:
+def merge_series(runs: list[dict], partial: bool = False) -> dict:
     """name -> Series, per size the median of the runs' seconds; a series or size missing from any run
-    is dropped (see the module docstring). Names and sizes keep the first run's order."""
+    is dropped (see the module docstring), unless `partial`: then a series is merged over the runs that
+    have it. Names and sizes keep the order of the first run that has them."""
     if not runs:
         raise ValueError("nothing to merge: no calibration runs given")
-    merged = {}
-    for name, first in runs[0].items():
-        if not all(name in run for run in runs):
+    merged, names = {}, list(dict.fromkeys(name for run in runs for name in run))
+    for name in names:
+        having = [run for run in runs if name in run]
+        if len(having) < len(runs) and not partial:
             continue
-        if any(run[name].size_kind != first.size_kind for run in runs):
+        first = having[0][name]
+        if any(run[name].size_kind != first.size_kind for run in having):
             raise ValueError(f"series {name} measures different sizes across runs "
-                             f"({', '.join(sorted({run[name].size_kind for run in runs}))})")
-        per_run = [dict(run[name].points) for run in runs]
+                             f"({', '.join(sorted({run[name].size_kind for run in having}))})")
+        per_run = [dict(run[name].points) for run in having]
         series = Series(name, first.what, first.size_kind)
         for size, _ in first.points:
             if all(size in points for points in per_run):
@@ -112,17 +118,25 @@ def merged_provenance(paths: list[Path], docs: list[dict]) -> Provenance:
         merged_from=runs)
 
 
-def merge_files(paths, out: Path, name: str | None = None):
+def merge_files(paths, out: Path, name: str | None = None, partial: bool = False):
     """Write `out`: the median of the calibrated files `paths`, refitted; returns the loaded Device.
-    Raises ValueError with a one-line message for unusable inputs."""
+    `partial`: keep series only some runs have (merge_series). Raises ValueError with a one-line message
+    for unusable inputs."""
     paths = [Path(p) for p in paths]
     docs = [read_calibrated(p) for p in paths]
     _check_same(paths, docs)
-    series = merge_series([series_from_calibration(d["calibration"]) for d in docs])
+    runs = [series_from_calibration(d["calibration"]) for d in docs]
+    series = merge_series(runs, partial=partial)
+    fewer = {n: sum(n in run for run in runs) for n in series if sum(n in run for run in runs) < len(runs)}
     first = docs[0]
     primary = first["compute_efficiency"].get("reference_dtype") or "fp32"
     result = fit(series, primary)
     doc = build_document(name or first["name"], first["description"],
                          float(first["memory_capacity"]["value"]) * 1e9, _memory_how(first),
                          result, series, merged_provenance(paths, docs), primary)
+    if fewer:
+        having = {n: [p.name for p, run in zip(paths, runs) if n in run] for n in fewer}
+        doc["notes"] = ("; ".join(f"{n}: median over {fewer[n]} of the {len(runs)} runs ({', '.join(having[n])})"
+                                  for n in fewer)
+                        + " (series the other runs' plan did not measure; merged with --partial-series)")
     return write_and_check(Path(out), doc)

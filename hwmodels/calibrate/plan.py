@@ -25,7 +25,9 @@ class Plan:
     min_sample_s: float               # each sample loops the op at least this long
     vocab: int = 32000                # logits row of the decode-loop host-work benchmark
     # skinny GEMMs F.linear(x[M, n], W[n, n]) in the primary dtype, W rotating through the pool:
-    # model-sized square weights n x n and token-row counts M (decode at batch M)
+    # model-sized square weights n x n and token-row counts M (decode at batch M); each size is also
+    # measured in the [in, out] layout, torch.addmm(b, x, W) (transformers' Conv1D: GPT-2), which the
+    # BLAS runs with other micro-kernels (at 4-8 rows about 0.7x the F.linear time on the dev VM)
     skinny_sides: tuple[int, ...] = ()
     skinny_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     # eager attention's batched GEMVs over a KV cache in the primary dtype: q[H, 1, d] @ K[H, S, d]^T
@@ -111,8 +113,8 @@ class Plan:
         copies = sum(1 for s in self.stream_sizes if 2 * s <= self.pool_bytes)
         return (3 + bool(self.eager_stream_weight_bytes) + len(self.stream_sizes) + copies + len(self.stream_sizes) * len(self.gemv_dtypes)
                 + sum(len(ns) for ns in self.gemm_sizes.values())
-                + len(self.skinny_sides) * len(self.skinny_rows)
-                + 2 * len(self.attn_head_dims) * len(self.attn_kv_bytes) + 2 * len(self.fresh_sizes))
+                + 2 * len(self.skinny_sides) * len(self.skinny_rows)
+                + 3 * len(self.attn_head_dims) * len(self.attn_kv_bytes) + 2 * len(self.fresh_sizes))
 
 
 def _powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:

@@ -42,9 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from sim.profiles.base import PROFILES, Profile, register_profile
+from sim.profiles.base import PROFILES, Profile, read_fit_yaml, register_profile
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "gpu-published-fit.yaml"
 ENGINES = ("trtllm", "vllm")
@@ -168,14 +167,8 @@ def make_profile(engine: str, values: dict, name: str | None = None) -> Profile:
 
 
 def read_fit_file(path: Path | str = FIT_FILE) -> dict:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"engine profile file {path} not found (run python -m sim.fit_profiles)") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("engines"), dict):
+    data = read_fit_yaml(path, "engine profile file", "python -m sim.fit_profiles")
+    if not isinstance(data.get("engines"), dict):
         raise ValueError(f"{path}: expected a mapping with an 'engines' section")
     return data
 

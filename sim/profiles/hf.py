@@ -53,6 +53,26 @@ def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
     ]
 
 
+SDPA_OPS = ("attn_scores", "softmax", "attn_v")
+
+
+def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
+    """Decode attention runs SDPA's kernel, which on a CPU loops over (sequence, query head): its FLOPs
+    (q.k, softmax, p.v per query head and key) run at the device's calibrated SDPA rate where the file
+    has one (hwmodels sdpa_decode_efficiency); its bytes stay at the streaming rate, read once per K/V
+    head. A grouped-query model thus pays its query heads, not only its K/V bytes (measured 2026-12-01:
+    16 query heads on 4 K/V heads over 3005 keys, d = 64, cost 62% of the 16-K/V-head call)."""
+    if ctx.phase != "decode" or ctx.hw is None:
+        return
+    eff = getattr(ctx.hw, "tables", None)
+    eff = None if eff is None else eff.sdpa_decode_efficiency(ctx.model.head_dim)
+    if eff is None:
+        return
+    for op in ops:
+        if op.name in SDPA_OPS:
+            op.compute_eff = eff
+
+
 def hf_sdpa_prefill_ops(ctx: OpContext) -> list[Op]:
     return [eager_glue(ctx, HF_GLUE_LAUNCHES.get(ctx.model.model_type))]
 
@@ -68,4 +88,5 @@ PROFILE = HF = register_profile(Profile(
     extra_decode_ops=hf_sdpa_decode_ops,
     extra_prefill_ops=hf_sdpa_prefill_ops,
     eager=True,
+    adjust_ops=sdpa_decode_rate,
 ))

@@ -11,6 +11,7 @@ from sim.validation.analysis import REPO_ROOT, analyse
 from sim.validation.measured import find_timing_folders, load_timing
 from sim.validation.parity_plot import parity_plot
 from sim.validation.points import collect
+from sim.validation.hf_fit_report import build_section as hf_fit_section
 from sim.validation.published_report import build_section as published_gpu_section
 from sim.validation.references import load_references
 from sim.validation.report import PLOT_NAME, POINTS_NAME, build_markdown, summary_json, write_points, write_report
@@ -80,6 +81,9 @@ def _main(argv=None) -> int:
     gpu = None if args.no_published_gpu else published_gpu_section(csv=args.published_gpu)
     if gpu is not None:
         markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(gpu.markdown)
+    hf_lines, hf_summary = ([], None) if args.no_measured else hf_fit_section()
+    if hf_lines:
+        markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(hf_lines)
     args.out.mkdir(parents=True, exist_ok=True)
     parity_plot(points, args.out / PLOT_NAME, args.threshold)
     write_points(points, args.out / POINTS_NAME)
@@ -87,6 +91,7 @@ def _main(argv=None) -> int:
     if args.json:
         summary = summary_json(validation, path)
         summary["published_gpu"] = gpu.summary if gpu is not None else None
+        summary["hf_fit"] = hf_summary
         print(json.dumps(summary))
     else:
         overall = validation.by_regime.iloc[-1]

@@ -190,3 +190,26 @@ def test_benchmarks_write_tables_that_load(tmp_path):
     assert 0 < device.attn_scores_factor(16) <= 1 and 0 < device.attn_values_factor(32) <= 1
     written = yaml.safe_load((tmp_path / "b.yaml").read_text())
     assert [p[0] for p in written["attn_values_efficiency"]["points"]] == [16, 32]
+
+
+# ---------------------------------------------------------------------------------------------------
+# SDPA's decode kernel: a compute rate per (query head, key)
+
+def test_sdpa_series_fit_a_rate_per_query_head_key_and_the_device_reads_it(tmp_path):
+    from hwmodels.calibrate.fit_attention import sdpa_flops_per_key
+    series = synthetic_series()
+    peak = fit(series, "fp32").flops["fp32"]
+    for d, frac in ((64, 0.05), (128, 0.08)):
+        s = series[f"sdpa_core_fp32_d{d}"] = Series(f"sdpa_core_fp32_d{d}", "synthetic", "keys")
+        for keys in (4096, 8192, 16384):
+            s.add(keys, sdpa_flops_per_key(d) * keys / (peak * frac) + LAUNCH)
+    result = fit(series, "fp32")
+    table = result.attention["sdpa"].curve
+    assert table.sizes == (64, 128)
+    assert table.fractions == pytest.approx((0.05, 0.08), abs=2e-3)
+    device = write_and_check(tmp_path / "sdpa.yaml", build_document(
+        "sdpa-cpu", "d", 1e9, "test", result, series, provenance(), "fp32"))
+    assert device.tables.sdpa_decode_efficiency(64) == pytest.approx(0.05, abs=2e-3)
+    assert load_device("h200-sxm").tables.sdpa_decode_efficiency(64) is None      # datasheet files: none
+    assert "sdpa_decode_efficiency" not in build_document(
+        "plain", "d", 1e9, "t", fit(synthetic_series(), "fp32"), synthetic_series(), provenance(), "fp32")

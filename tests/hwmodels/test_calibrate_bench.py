@@ -65,11 +65,15 @@ def test_skinny_gemm_series_per_side():
                 pool_bytes=2**20, repeats=3, min_sample_s=1e-4, skinny_sides=(64, 128), skinny_rows=(1, 2, 4))
     labels = []
     series = run_all(plan, labels.append, timer=ScriptedTimer(5e-6))
-    assert {"skinny_fp32_n64", "skinny_fp32_n128"} <= set(series)
+    assert {"skinny_fp32_n64", "skinny_fp32_n128", "skinny_io_fp32_n64", "skinny_io_fp32_n128"} <= set(series)
     assert [p[0] for p in series["skinny_fp32_n128"].points] == [1, 2, 4]
+    assert [p[0] for p in series["skinny_io_fp32_n128"].points] == [1, 2, 4]
     assert len(labels) == plan.n_points()
     result = fit(series, "fp32")
     assert result.rows_table is not None and result.rows_table.sizes == (1, 2, 4)
+    # the [in, out] layout (torch.addmm, as Conv1D) gets its own table from its own series
+    assert result.rows_in_out_table is not None and result.rows_in_out_table.sizes == (1, 2, 4)
+    assert "skinny_io_fp32_n64" in result.rows_in_out_from and "skinny_fp32" not in result.rows_in_out_from
 
 
 def test_eager_call_series_counts_top_level_calls_per_layer():

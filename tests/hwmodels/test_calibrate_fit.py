@@ -198,9 +198,22 @@ def test_fit_rows_from_skinny_series(tmp_path):
         expect = max(2 * m * 2048**2 / (peak * max(2048**2 * 4 / BW, 2 * m * 2048**2 / (PEAK * frac))),
                      2 * m * 1024**2 / (peak * max(1024**2 * 4 / BW, 2 * m * 1024**2 / (PEAK * frac))))
         assert float(result.rows_table(m)) <= expect * 1.001
+    assert result.rows_in_out_table is None          # no [in, out] series: no such table (in_out reads the other)
     doc = build_document("rows-cpu", "d", 1e9, "test", result, series, provenance(), "fp32")
     device = write_and_check(tmp_path / "rows-cpu.yaml", doc)
     assert np.allclose(device.gemm_rows_efficiency([1, 16]), result.rows_table([1, 16]))
+    assert np.allclose(device.gemm_rows_efficiency([1, 16], in_out=True), result.rows_table([1, 16]))  # fallback
+    # an [in, out] series twice as fast per row count: its own table, read for in_out GEMMs only
+    for n in (1024, 2048):
+        s = series[f"skinny_io_fp32_n{n}"] = Series(f"skinny_io_fp32_n{n}", "synthetic", "rows")
+        for m, frac in rate.items():
+            s.add(m, max(n * n * 4 / BW, 2 * m * n * n / (PEAK * 2 * frac)) + LAUNCH)
+    both = fit(series, "fp32")
+    device = write_and_check(tmp_path / "rows-io-cpu.yaml", build_document(
+        "rows-io-cpu", "d", 1e9, "test", both, series, provenance(), "fp32"))
+    assert np.allclose(device.gemm_rows_efficiency([1, 16]), both.rows_table([1, 16]))
+    assert np.allclose(device.gemm_rows_efficiency([1, 16], in_out=True), both.rows_in_out_table([1, 16]))
+    assert float(both.rows_in_out_table(16)) > float(both.rows_table(16))
     # without skinny series: no table, and the device reports none
     plain = fit(synthetic_series(), "fp32")
     assert plain.rows_table is None
@@ -213,14 +226,14 @@ def test_eager_call_overhead_is_written_only_when_measured(tmp_path):
     series = synthetic_series()
     plain = write_and_check(tmp_path / "plain.yaml", build_document(
         "test-cpu", "synthetic device", 16e9, "test", fit(series, "fp32"), series, provenance(), "fp32"))
-    assert plain.eager_call_overhead_s is None and "eager_call_overhead" not in plain.sources
+    assert plain.tables.eager_call_overhead_s is None and "eager_call_overhead" not in plain.sources
     series["eager_call"] = Series("eager_call", "synthetic decoder layers", "calls", [(55.0, 55 * 3.5e-6)])
     result = fit(series, "fp32")
     assert result.eager_call_overhead_s == pytest.approx(3.5e-6)
     doc = build_document("test-cpu", "synthetic device", 16e9, "test", result, series, provenance(), "fp32")
     assert doc["eager_call_overhead"]["unit"] == "us" and doc["eager_call_overhead"]["value"] == 3.5
     device = write_and_check(tmp_path / "eager.yaml", doc)
-    assert device.eager_call_overhead_s == pytest.approx(3.5e-6)
+    assert device.tables.eager_call_overhead_s == pytest.approx(3.5e-6)
     assert device.launch_overhead_s == pytest.approx(LAUNCH)        # the dispatch figure is untouched
     assert "eager_call: synthetic decoder layers" in device.sources["eager_call_overhead"]
     assert device.calibration["series"]["eager_call"]["points_size_seconds"] == [[55, pytest.approx(1.925e-4)]]
@@ -236,7 +249,7 @@ def test_eager_weight_switch_is_the_streamed_stack_minus_the_plain_one_per_weigh
     doc = build_document("test-cpu", "synthetic device", 16e9, "test", result, series, provenance(), "fp32")
     assert doc["eager_weight_switch_overhead"]["value"] == pytest.approx(100.0)
     device = write_and_check(tmp_path / "switch.yaml", doc)
-    assert device.eager_weight_switch_s == pytest.approx(100e-6)
+    assert device.tables.eager_weight_switch_s == pytest.approx(100e-6)
     # a streamed stack measured faster than the plain one (noise) is no negative cost: bounded at a tiny
     # positive floor with a warning, so the file stays valid (the schema wants a positive value)
     series["eager_stream"] = Series("eager_stream", "the same, weights streamed", "calls", [(7.0, 150e-6)])
@@ -244,4 +257,4 @@ def test_eager_weight_switch_is_the_streamed_stack_minus_the_plain_one_per_weigh
     assert bounded.eager_switch_s == EAGER_SWITCH_FLOOR_S and result.warnings == ()
     assert len(bounded.warnings) == 1 and "eager_weight_switch_overhead came out -7.14 us" in bounded.warnings[0]
     doc = build_document("test-cpu", "synthetic device", 16e9, "test", bounded, series, provenance(), "fp32")
-    assert write_and_check(tmp_path / "bounded.yaml", doc).eager_weight_switch_s == pytest.approx(1e-9)
+    assert write_and_check(tmp_path / "bounded.yaml", doc).tables.eager_weight_switch_s == pytest.approx(1e-9)

@@ -140,9 +140,34 @@ def test_merge_medians_the_eager_call_series(tmp_path):
         doc = build_document("test-cpu", "synthetic device", 16e9, "test meminfo", fit(series, "fp32"), series,
                              provenance(date=f"2026-01-01T00:0{i}:00Z"), "fp32")
         paths.append(tmp_path / f"run{i}.yaml")
-        assert write_and_check(paths[-1], doc).eager_call_overhead_s == pytest.approx(per_call)
+        assert write_and_check(paths[-1], doc).tables.eager_call_overhead_s == pytest.approx(per_call)
     runs = [series_from_calibration(yaml.safe_load(p.read_text())["calibration"]) for p in paths]
     assert runs[0]["eager_call"].size_kind == "calls" and runs[0]["eager_call"].points[0][0] == 55.0
     merged = merge_files(paths, tmp_path / "merged.yaml")
-    assert merged.eager_call_overhead_s == pytest.approx(4.0e-6, rel=1e-3)   # the median run's value
+    assert merged.tables.eager_call_overhead_s == pytest.approx(4.0e-6, rel=1e-3)   # the median run's value
     assert "median over 3 calibration runs" in merged.sources["eager_call_overhead"]
+
+
+def test_partial_merge_keeps_a_newer_plans_series_and_says_so(three_runs, tmp_path):
+    runs = runs_of([[1.0, 5.0, 9.0], [3.0, 4.0, 7.0], [2.0, 6.0, 8.0]])
+    runs[1]["sdpa_core_fp32_d64"] = Series("sdpa_core_fp32_d64", "newer plan", "keys", [(16.0, 1.0), (32.0, 2.0)])
+    runs[2]["sdpa_core_fp32_d64"] = Series("sdpa_core_fp32_d64", "newer plan", "keys", [(16.0, 3.0), (32.0, 4.0)])
+    assert set(merge_series(runs)) == {"read"}                         # the default keeps the common series
+    merged = merge_series(runs, partial=True)
+    assert merged["sdpa_core_fp32_d64"].points == [(16.0, 2.0), (32.0, 3.0)]   # median over the two that have it
+    assert merged["read"].points == merge_series(runs)["read"].points
+    # through the files: a run with an extra series, merged with --partial-series, names it in the notes
+    doc = yaml.safe_load(three_runs[0].read_text())
+    doc["calibration"]["series"]["sdpa_core_fp32_d64"] = {"what": "newer plan", "size": "keys",
+                                                          "points_size_seconds": [[16, 1e-6], [32, 2e-6]]}
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "partial.yaml"
+    merge_files([*three_runs[1:], extra], out, "partial-cpu", partial=True)
+    written = yaml.safe_load(out.read_text())
+    assert "sdpa_core_fp32_d64" in written["calibration"]["series"]
+    assert "sdpa_core_fp32_d64: median over 1 of the 3 runs (extra.yaml)" in written["notes"]
+    merge_files([*three_runs[1:], extra], tmp_path / "common.yaml", "common-cpu")
+    assert "sdpa_core_fp32_d64" not in yaml.safe_load((tmp_path / "common.yaml").read_text())["calibration"]["series"]
+    proc = run_cli("hwmodels.calibrate", "--device", "cpu", "--partial-series")
+    assert_one_line_error(proc, "--partial-series only applies to --merge")

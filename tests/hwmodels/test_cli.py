@@ -28,7 +28,7 @@ def test_list_shows_memory_bandwidth_and_dense_flops():
     assert lines[0].split() == ["name", "memory", "bandwidth", "bf16", "dense", "fp8", "dense", "from"]
     assert len(lines) == 1 + len(hwmodels.list_devices())
     h200 = next(line for line in lines if line.startswith("h200-sxm "))
-    assert "141 GB" in h200 and "4.8 TB/s" in h200 and "989.4 TFLOP/s" in h200 and h200.endswith("datasheet")
+    assert "141 GiB" in h200 and "4.8 TB/s" in h200 and "989.4 TFLOP/s" in h200 and h200.endswith("datasheet")
     a100 = next(line for line in lines if line.startswith("a100-80g-sxm "))
     assert "(bf16)" in a100                                   # no fp8 units: the fallback is named
 
@@ -37,7 +37,7 @@ def test_show_prints_table_with_sources():
     proc = run_cli("hwmodels", "show", "h200-sxm")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "4.8 TB/s" in out and "141 GB" in out and "989.4 TFLOP/s" in out
+    assert "4.8 TB/s" in out and "141 GiB" in out and "989.4 TFLOP/s" in out
     assert "source" in out and "nvidia.com" in out
     assert "fallback: not in the file, uses the int8 rate" in out   # int4
 

@@ -66,3 +66,5 @@ def test_format_quantity():
     assert format_quantity(4.8e12, "bandwidth") == "4.8 TB/s"
     assert format_quantity(1979e12, "ops_rate") == "1979 TFLOP/s"
     assert format_quantity(4e-6, "time") == "4 us"
+    assert format_quantity(141 * 2**30, "capacity") == "141 GiB"      # binary DRAM sizes read as such
+    assert format_quantity(48e9, "capacity") == "48 GB"

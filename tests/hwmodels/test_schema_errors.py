@@ -207,11 +207,11 @@ def test_compute_reference_dtype_optional(h200_text, tmp_path):
 
 
 def test_eager_call_overhead_is_optional_and_read_as_a_time(h200_text, tmp_path):
-    assert load_device(write(tmp_path, h200_text, "plain.yaml")).eager_call_overhead_s is None
+    assert load_device(write(tmp_path, h200_text, "plain.yaml")).tables.eager_call_overhead_s is None
     path = edit(h200_text, tmp_path, lambda d: d.update(
         eager_call_overhead={"value": 3.5, "unit": "us", "source": "eager_call benchmark"}))
     device = load_device(path)
-    assert device.eager_call_overhead_s == pytest.approx(3.5e-6)
+    assert device.tables.eager_call_overhead_s == pytest.approx(3.5e-6)
     assert device.sources["eager_call_overhead"] == "eager_call benchmark"
     assert device.to_dict()["eager_call_overhead_s"] == pytest.approx(3.5e-6)
 

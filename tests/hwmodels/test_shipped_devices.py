@@ -50,7 +50,7 @@ def test_efficiency_curves_in_unit_interval_and_monotone(name):
 def test_h200_datasheet_numbers():
     h200 = load_device("h200-sxm")
     assert h200.memory_bw == pytest.approx(4.8e12)
-    assert h200.memory_bytes == pytest.approx(141e9)
+    assert h200.memory_bytes == pytest.approx(141 * 2**30)          # binary HBM capacity (141 GiB)
     assert h200.peak_flops("bf16") == pytest.approx(989.4e12)
     assert h200.peak_flops("fp8") == pytest.approx(1979e12)
 

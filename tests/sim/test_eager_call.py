@@ -34,9 +34,9 @@ def test_eager_profiles_are_marked():
 
 def test_setup_launch_time_picks_the_eager_call_only_for_eager_profiles(tmp_path):
     plain = load_device(A100)
-    assert plain.eager_call_overhead_s is None                     # datasheet files stay without it
+    assert plain.tables.eager_call_overhead_s is None                     # datasheet files stay without it
     eager_hw = with_eager_call(tmp_path, "a100-eager", 25)
-    assert load_device(eager_hw).eager_call_overhead_s == pytest.approx(25e-6)
+    assert load_device(eager_hw).tables.eager_call_overhead_s == pytest.approx(25e-6)
     for profile in ("hf-eager", "kvsim-eager"):
         assert make_setup(eager_hw, "llama-2-7b", profile=profile).launch_s == pytest.approx(25e-6)
         assert make_setup(A100, "llama-2-7b", profile=profile).launch_s == plain.launch_overhead_s
@@ -78,8 +78,8 @@ def test_devices_without_the_field_predict_as_before(toy_device):
 
 def test_weight_switch_is_charged_once_per_weight_gemm_launch_of_eager_profiles(tmp_path):
     switched = with_time(tmp_path, "a100-switch", "eager_weight_switch_overhead", 100)
-    assert load_device(switched).eager_weight_switch_s == pytest.approx(100e-6)
-    assert load_device(A100).eager_weight_switch_s is None
+    assert load_device(switched).tables.eager_weight_switch_s == pytest.approx(100e-6)
+    assert load_device(A100).tables.eager_weight_switch_s is None
     model = "llama-2-7b"        # 32 layers; per layer q, k, v, o and gate, up, down: 7 weight GEMMs
     for profile in ("hf-eager", "kvsim-eager"):
         assert make_setup(switched, model, profile=profile).switch_s == pytest.approx(100e-6)

@@ -244,14 +244,17 @@ def test_prediction_json_has_the_contract_keys(device):
         assert key in d
 
 
-def _cpu_like_file(tmp_path, with_rows: bool):
+def _cpu_like_file(tmp_path, with_rows: bool, in_out_points=None):
     import yaml
     from hwmodels import DEVICES_DIR
     data = yaml.safe_load((DEVICES_DIR / "a100-80g-sxm.yaml").read_text())
-    data["name"] = "rows-test" if with_rows else "no-rows-test"
+    data["name"] = ("rows-test" if with_rows else "no-rows-test") + ("-io" if in_out_points else "")
     if with_rows:
         data["gemm_rows_efficiency"] = {"form": "table", "size_unit": "rows", "source": "test",
                                         "points": [[1, 0.001], [4, 0.002], [64, 0.032]]}
+    if in_out_points:
+        data["gemm_rows_in_out_efficiency"] = {"form": "table", "size_unit": "rows", "source": "test",
+                                               "points": in_out_points}
     path = tmp_path / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
@@ -273,3 +276,24 @@ def test_skinny_gemm_rows_efficiency_caps_weight_gemms(tmp_path):
     # prefill (many rows: beyond the table, held at its last value) is capped too, at 0.032
     assert prefill_time(rows_dev, "llama-3-8b", [(512, 0)], weight_dtype="bf16", kv_dtype="bf16") > \
         prefill_time(plain_dev, "llama-3-8b", [(512, 0)], weight_dtype="bf16", kv_dtype="bf16")
+
+
+def test_in_out_rows_table_applies_to_conv1d_projections_only(tmp_path):
+    # GPT-2's projections are Conv1D (weights [in, out]): a faster [in, out] table speeds its decode
+    # GEMMs up to the table's cap, never past the bandwidth floor; a Llama (nn.Linear) is unchanged, and
+    # GPT-2's LM head (a Linear) keeps the [out, in] table.
+    rows_dev = _cpu_like_file(tmp_path, True)
+    io_dev = _cpu_like_file(tmp_path, True, in_out_points=[[1, 0.004], [4, 0.008], [64, 0.1]])
+    kv = np.full(4, 1000.0)
+    assert load_model("gpt2").weights_in_out and not load_model("llama-3-8b").weights_in_out
+    for model, faster in (("gpt2", True), ("llama-3-8b", False)):
+        a = decode_step_time(rows_dev, model, kv, weight_dtype="bf16", kv_dtype="bf16")
+        b = decode_step_time(io_dev, model, kv, weight_dtype="bf16", kv_dtype="bf16")
+        assert (b < a) if faster else b == pytest.approx(a, rel=1e-12)
+
+    def mean_ops(dev):
+        t = predict(dev, "gpt2", 4, 1000, 2, "full", 1.0).decode_ops
+        return t[t["step"] == "mean"].set_index("op")["time_s"]
+    ops, ops_rows = mean_ops(io_dev), mean_ops(rows_dev)
+    assert ops["mlp"] < ops_rows["mlp"] and ops["qkv_proj"] < ops_rows["qkv_proj"]
+    assert ops["lm_head"] == pytest.approx(ops_rows["lm_head"], rel=1e-12)

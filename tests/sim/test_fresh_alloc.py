@@ -65,7 +65,7 @@ def test_datasheet_files_and_fused_predictions_are_unchanged(devices):
     they were; on a device with it, only eager stacks that allocate pay."""
     for path in DEVICES_DIR.glob("*.yaml"):
         if "cpu-local" not in path.name:
-            assert load_device(path).fresh_alloc_curve is None, path.name
+            assert load_device(path).tables.fresh_alloc_curve is None, path.name
     plain, fresh = devices
     args = dict(model="mpt-7b", batch=1, prompt=4096, gen=64, policy="full", cache_ratio=1.0, kv_dtype="fp32",
                 weight_dtype="fp32", beams=4)
@@ -96,3 +96,14 @@ def test_fit_takes_the_ratio_per_tensor_size_without_a_monotone_cap():
     assert table.sizes == (16 * MiB, 64 * MiB)                # keyed by the tensor, not the bytes moved
     assert table.fractions == (1.0, 0.25)                     # capped at 1; drops where pages are fresh
     assert fit_fresh_alloc({"fresh_copy": fresh}) is None
+
+
+def test_the_table_is_not_blended_across_the_allocators_threshold(devices):
+    # glibc maps every tensor above 32 MiB (its largest mmap threshold) to fresh pages: between the last
+    # heap size (30 MiB) and the first mapped one (34 MiB) a tensor takes its own side's values, not a
+    # log-size blend of the two; within a side the table interpolates as before
+    fresh = load_device(devices[1])
+    assert fresh.fresh_alloc_factor(33 * MiB) == pytest.approx(0.25)         # held at the mapped side's start
+    assert fresh.fresh_alloc_factor(32 * MiB) == pytest.approx(1.0)          # held at the heap side's end
+    assert fresh.fresh_alloc_factor(1024 * MiB) == pytest.approx(0.25)       # held beyond the table
+    np.testing.assert_allclose(fresh.fresh_alloc_factor(np.array([20 * MiB, 33 * MiB])), [1.0, 0.25])

@@ -1,0 +1,211 @@
+"""`python -m sim.fit_hf`: fit the `hf-fit` profile's two CPU terms (sim/profiles/hf_fit.py) to the
+project's own plain transformers decode steps, and check them leave-one-shape-out.
+
+    python -m sim.fit_hf                       # the bundled traces/data/cpu-hf-sdpa folders
+    python -m sim.fit_hf --measured DIR [...] --out FILE.yaml
+
+Reads the timing folders measured with `traces.timing --stack hf --attn sdpa --beams 1` (manifest
+software `hf`; every one must name the same hardware file: the terms describe that machine), fits
+stream_fraction and call_scale by bounded least squares on log(predicted / measured) over every decode
+point, and again once per model shape without that shape's points (leave-one-shape-out, LOSO: the
+shapes are GPT-2 small, a Llama-shaped GQA model and a wide multi-head model, so each fold predicts a
+model it never saw). The hardware file itself is fitted to microbenchmarks only (hwmodels.calibrate):
+no decode step is among its inputs. Writes the terms, the folds, each point's in-sample and LOSO
+prediction and the hardware file's content hash (sim/engine_profiles/hf-cpu-fit.yaml by default).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from kvcommon.cli import atomic_write_text
+from sim.models import load_model
+from sim.profiles import hf_fit as hff
+from sim.validation import predict as vp
+from sim.validation.measured import find_timing_folders, load_timing
+
+DEFAULT_FOLDERS = ("cpu-hf-sdpa",)
+MAX_ITER = 30
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ValueError(message)
+
+
+def load_points(folders=None) -> tuple[list[dict], str, str]:
+    """Decode points of the hf (SDPA, greedy) timing folders; (points, hardware path, its content hash)."""
+    from sim.validation.measured import DATA_DIR
+    roots = [Path(f) for f in folders] if folders else [DATA_DIR / d for d in DEFAULT_FOLDERS]
+    missing = [str(r) for r in roots if not r.exists()]
+    if missing:
+        raise FileNotFoundError(f"no such folder: {missing[0]}")
+    points, hw = [], None
+    for path in find_timing_folders(roots):
+        source = load_timing(path)
+        if source.profile != "hf":
+            continue
+        if hw is not None and source.hw != hw:
+            raise ValueError(f"{path}: predicted on {source.hw}, the others on {hw}: one fit describes one machine")
+        hw = source.hw
+        model = load_model(source.model_config)
+        for _, t in source.table[source.table["phase"] == "decode"].iterrows():
+            points.append(dict(id=f"{source.name}/b{int(t['batch'])}/n{int(t['context'])}", shape=model.name, model=model,
+                               batch=int(t["batch"]), slots=float(t["slots"]), policy=str(t["policy"]),
+                               dtype=source.dtype, measured=float(t["median_s"])))
+    if not points:
+        raise ValueError("no hf decode points in " + ", ".join(map(str, roots)))
+    if len({p["shape"] for p in points}) < 2:
+        raise ValueError("leave-one-shape-out needs points of at least two model shapes")
+    return points, hw, vp._device(hw).content_hash
+
+
+def predictions(points, values: dict, hw: str, device_hash: str) -> np.ndarray:
+    profile = hff.make_profile(values, device_hash, name="hf-fit-trial")
+    return np.array([vp.decode_step_s(hw, p["model"], p["batch"], p["slots"], p["policy"], p["dtype"], profile)
+                     for p in points])
+
+
+def _to_x(z):
+    lo, hi = np.array([t.lo for t in hff.TERMS]), np.array([t.hi for t in hff.TERMS])
+    return lo + (hi - lo) / (1.0 + np.exp(-z))
+
+
+def _to_z(x):
+    lo, hi = np.array([t.lo for t in hff.TERMS]), np.array([t.hi for t in hff.TERMS])
+    u = np.clip((np.asarray(x, float) - lo) / (hi - lo), 0.02, 0.98)
+    return np.log(u / (1.0 - u))
+
+
+def _values(x) -> dict:
+    return {n: float(v) for n, v in zip(hff.TERM_NAMES, x)}
+
+
+def fit_terms(points, hw: str, device_hash: str) -> dict:
+    """Levenberg-Marquardt on log(predicted / measured) in a logistic reparametrisation of the bounds,
+    from the priors (the unfitted hf); deterministic."""
+    measured = np.array([p["measured"] for p in points])
+
+    def residuals(z):
+        return np.log(predictions(points, _values(_to_x(z)), hw, device_hash) / measured)
+
+    z = _to_z([t.prior for t in hff.TERMS])
+    r = residuals(z)
+    cost, lam = float(r @ r), 1e-2
+    for _ in range(MAX_ITER):
+        jac = np.empty((len(r), len(z)))
+        for j in range(len(z)):
+            dz = z.copy()
+            dz[j] += 1e-4
+            jac[:, j] = (residuals(dz) - r) / 1e-4
+        g, a = jac.T @ r, jac.T @ jac
+        improved = False
+        for _ in range(8):
+            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -g)
+            step *= min(1.0, 2.0 / max(float(np.max(np.abs(step))), 1e-12))
+            z_new = np.clip(z + step, -12, 12)
+            r_new = residuals(z_new)
+            if float(r_new @ r_new) < cost:
+                improved = cost - float(r_new @ r_new) > 1e-10
+                z, r, cost, lam = z_new, r_new, float(r_new @ r_new), max(lam / 3, 1e-7)
+                break
+            lam *= 4
+        if not improved:
+            break
+    return _values(_to_x(z))
+
+
+def _mape(pred, measured) -> float:
+    return float(np.mean(np.abs(pred - measured) / measured) * 100)
+
+
+def run_fit(folders=None) -> dict:
+    points, hw, device_hash = load_points(folders)
+    measured = np.array([p["measured"] for p in points])
+    terms = fit_terms(points, hw, device_hash)
+    in_sample = predictions(points, terms, hw, device_hash)
+    unfitted = predictions(points, {t.name: t.prior for t in hff.TERMS}, hw, device_hash)
+    folds, loso = {}, np.empty(len(points))
+    for shape in dict.fromkeys(p["shape"] for p in points):
+        train = [p for p in points if p["shape"] != shape]
+        idx = [i for i, p in enumerate(points) if p["shape"] == shape]
+        folds[shape] = fit_terms(train, hw, device_hash)
+        loso[idx] = predictions([points[i] for i in idx], folds[shape], hw, device_hash)
+    return dict(points=points, hw=hw, device_hash=device_hash, measured=measured, terms=terms, in_sample=in_sample,
+                loso=loso, unfitted=unfitted, folds=folds)
+
+
+def _rel(path) -> str:
+    from sim.validation.analysis import repo_relative
+    return repo_relative(path)
+
+
+def build_document(result: dict, command: str) -> dict:
+    m = result["measured"]
+    per_shape = {}
+    for shape in result["folds"]:
+        idx = [i for i, p in enumerate(result["points"]) if p["shape"] == shape]
+        per_shape[shape] = {"points": len(idx), "in_sample_mape_pct": round(_mape(result["in_sample"][idx], m[idx]), 3),
+                            "loso_mape_pct": round(_mape(result["loso"][idx], m[idx]), 3),
+                            "unfitted_mape_pct": round(_mape(result["unfitted"][idx], m[idx]), 3)}
+    return {
+        "schema_version": 1,
+        "kind": "kvsim-hf-cpu-fit",
+        "fit": {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "objective": "least squares on log(predicted / measured) over decode steps, terms bounded "
+                             "(logistic reparametrisation), Levenberg-Marquardt from the priors",
+                "points": len(result["points"]),
+                "in_sample_mape_pct": round(_mape(result["in_sample"], m), 3),
+                "loso_mape_pct": round(_mape(result["loso"], m), 3),
+                "unfitted_mape_pct": round(_mape(result["unfitted"], m), 3),
+                "per_shape": per_shape},
+        "device": {"file": _rel(result["hw"]), "content_hash": result["device_hash"]},
+        "terms": {t.name: {"value": round(result["terms"][t.name], 6), "bounds": [t.lo, t.hi], "prior": t.prior,
+                           "meaning": t.meaning} for t in hff.TERMS},
+        "loso_folds": {s: {k: round(v, 6) for k, v in f.items()} for s, f in result["folds"].items()},
+        "predictions": [{"id": p["id"], "shape": p["shape"], "measured": p["measured"],
+                         "in_sample": round(float(a), 6), "loso": round(float(b), 6), "unfitted": round(float(c), 6)}
+                        for p, a, b, c in zip(result["points"], result["in_sample"], result["loso"], result["unfitted"])],
+    }
+
+
+def build_parser():
+    p = _Parser(prog="python -m sim.fit_hf", description="Fit the hf-fit profile's CPU terms to plain transformers "
+                "decode steps (leave-one-shape-out check).")
+    p.add_argument("--measured", nargs="+", default=None, metavar="DIR",
+                   help="timing folders or roots (default: traces/data/cpu-hf-sdpa)")
+    p.add_argument("--out", type=Path, default=hff.FIT_FILE, help=f"fit file to write (default: {_rel(hff.FIT_FILE)})")
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a folder; give the fit file's path")
+        if not args.out.parent.exists():
+            raise ValueError(f"--out: folder {args.out.parent} does not exist")
+        result = run_fit(args.measured)
+        command = "python -m sim.fit_hf" + ("" if args.measured is None else " --measured " + " ".join(args.measured))
+        if args.out.resolve() != hff.FIT_FILE.resolve():
+            command += f" --out {args.out}"
+        doc = build_document(result, command)
+        atomic_write_text(args.out, "# hf-fit terms: written by python -m sim.fit_hf (do not edit; re-run fit.command)\n"
+                          + yaml.safe_dump(doc, sort_keys=False, width=120))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    fit = doc["fit"]
+    terms = ", ".join(f"{k}={v['value']:.4g}" for k, v in doc["terms"].items())
+    print(f"{fit['points']} points: unfitted MAPE {fit['unfitted_mape_pct']:.1f}%, in-sample {fit['in_sample_mape_pct']:.1f}%, "
+          f"leave-one-shape-out {fit['loso_mape_pct']:.1f}%; {terms}: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
