@@ -85,6 +85,13 @@ def param(default=dataclasses.MISSING, *, help: str = "", check: Callable | None
     return dataclasses.field(default=default, default_factory=default_factory, metadata={_KEY: meta})
 
 
+def same_as(cls, name: str):
+    """A field with the default, check and help of `cls`'s field `name` (declared with param()): a
+    dataclass that repeats another's parameter keeps its one declaration."""
+    f = declared(cls)[name]
+    return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+
+
 def _meta(f: dataclasses.Field) -> dict:
     return f.metadata.get(_KEY, {})
 

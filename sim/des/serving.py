@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from kvcommon.design import (CACHE_RATIO_RANGE, DEFAULT_CACHE_RATIO, DEFAULT_DTYPE, DEFAULT_POLICY, DEFAULT_PROFILE,
                              DEFAULT_RECENT_RATIO, RECENT_RATIO_RANGE)
 from kvcommon.dtypes import DTYPES, dtype_name
-from kvcommon.fields import at_least, in_range, param, validate
+from kvcommon.fields import at_least, in_range, param, same_as, validate
 from sim import engine, kvlen
 from sim.des.analytic import AnalyticTimer, PolicyKV, TraceKV, load_trace, memory_budget
 from sim.des.arrivals import ARRIVAL_KINDS, make_workload
@@ -19,7 +19,7 @@ from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, Sch
 from sim.des.server import ServingSimulation
 from sim.parallel.shard import shard_model
 from sim.parallel.timer import ParallelTimer
-from sim.layouts import LAYOUTS, Layout, apply_layout
+from sim.layouts import Layout, apply_layout
 
 # Without chunked prefill, a prefill step takes at most this many tokens (vLLM v0's default
 # max_num_batched_tokens is max(max_model_len, 2048); we use the longest request in place of max_model_len).
@@ -68,7 +68,7 @@ class ServeConfig:
     max_step_tokens: int | None = param(None, check=at_least(1))
     # paged (on-demand blocks + recompute preemption) | reserve
     admission: str = param("paged", choices=ADMISSION_MODES)
-    block_size: int = param(16, check=at_least(1))             # tokens per KV block
+    block_size: int = same_as(Layout, "block_size")            # tokens per KV block (sim.layouts)
     # fraction of device memory usable (vLLM --gpu-memory-utilization)
     memory_utilization: float = param(1.0, check=in_range(0, 1, low_open=True))
     watermark: float = param(DEFAULT_WATERMARK, check=in_range(0, 1, high_open=True))
@@ -78,8 +78,8 @@ class ServeConfig:
     tp: int = param(1, check=at_least(1))
     pp: int = param(1, check=at_least(1))
     # how the engine stores the trace's kept tokens (sim.layouts; its blocks are block_size tokens)
-    layout: str = param("slots", choices=LAYOUTS)
-    compact_every: int | None = param(None, check=at_least(1))   # compaction interval in decode steps
+    layout: str = same_as(Layout, "name")
+    compact_every: int | None = same_as(Layout, "compact_every")   # compaction interval in decode steps
 
     def __post_init__(self):
         """Errors name the field (`qps must be > 0 (or inf), got 0`); the CLI words them as flags."""

@@ -74,3 +74,18 @@ def test_overrides_per_cli():
     args = p.parse_args(["--name", "n", "--mode", "b"])
     assert args.ratio == 1.0
     assert "the name" in p.format_help()
+
+
+def test_same_as_keeps_one_declaration():
+    import dataclasses
+
+    from kvcommon.fields import declared, same_as
+    from sim.des.serving import ServeConfig
+    from sim.layouts import Layout
+    serve, layout = declared(ServeConfig), declared(Layout)
+    for mine, theirs in (("layout", "name"), ("compact_every", "compact_every"), ("block_size", "block_size")):
+        assert serve[mine].default == layout[theirs].default
+        assert dict(serve[mine].metadata) == dict(layout[theirs].metadata)
+    with pytest.raises(ValueError, match="layout"):
+        ServeConfig(hw="h200-sxm", model="llama-2-7b", layout="pages")
+    assert dataclasses.is_dataclass(ServeConfig) and same_as(Layout, "block_size").default == 16
