@@ -112,6 +112,11 @@ class Row:
     scope: str              # "single-device" or why the row is out of scope
 
     @property
+    def runtime(self) -> str:
+        """'pytorch' for TensorRT-LLM's PyTorch backend (CUDA graphs, overlap scheduler), else 'classic'."""
+        return "pytorch" if self.engine == "trtllm" and "pytorch backend" in self.stack.lower() else "classic"
+
+    @property
     def id(self) -> str:
         b = "dyn" if self.batch is None else f"b{self.batch}"
         return f"{self.source}/{self.hw}/{self.model}/{b}/{self.prompt}+{self.gen}/{self.metric}"
@@ -251,9 +256,16 @@ def _dynamic(row: Row, profile) -> float:
 
 
 def predict_row(row: Row, profile) -> float:
-    """The simulator's value of the row's metric under `profile` (a name or a Profile)."""
+    """The simulator's value of the row's metric under `profile` (a name or a Profile); an engine profile
+    runs under the row's runtime (Row.runtime: the PyTorch backend hides launches and host work)."""
     if row.scope != "single-device":
         raise ValueError(f"row {row.index} ({row.id}) is out of scope: {row.scope}")
+    if row.runtime == "pytorch":
+        from sim.profiles import get_profile
+        from sim.profiles.engines import pytorch_runtime
+        resolved = get_profile(profile)
+        if resolved.launch_overhead_s is not None:       # an engine profile (fused and the eager ones: as named)
+            profile = pytorch_runtime(resolved)
     return _dynamic(row, profile) if row.batch is None else _static(row, profile)
 
 

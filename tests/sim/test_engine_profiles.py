@@ -104,6 +104,37 @@ def test_decode_attention_kernel_paths():
     assert per_head > 1.5 * grouped
 
 
+def test_pytorch_runtime_hides_launches_and_host_work_but_not_the_kernels():
+    base = get_profile("trtllm")
+    variant = pe.pytorch_runtime(base)
+    assert variant is pe.pytorch_runtime(base)                       # one variant per profile object
+    assert variant.launch_overhead_s <= pe.PYTORCH_RUNTIME_KERNEL_GAP_S and variant.host_overhead_s == 0.0
+    assert get_profile("trtllm-pytorch").launch_overhead_s == variant.launch_overhead_s
+    kw = dict(weight_dtype="fp8", kv_dtype="fp8")
+    kv = np.full(64, 2048.0)
+    t_base = engine.decode_step_time("h200-sxm", "llama-3-8b", kv, profile=base, **kw)
+    t_var = engine.decode_step_time("h200-sxm", "llama-3-8b", kv, profile=variant, **kw)
+    assert t_var < t_base
+    # the kernels' own time stays: never below the bandwidth floor (weights + KV bytes) / peak bandwidth
+    from sim.models import load_model
+    m, dev = load_model("llama-3-8b"), engine.resolve_device("h200-sxm")
+    floor = (m.weight_bytes("fp8") + kv.sum() * m.kv_bytes_per_token("fp8")) / dev.memory_bw
+    assert t_var >= floor
+
+
+@needs_csv
+def test_published_rows_name_their_runtime():
+    rows = pg.load_rows()
+    runtimes = {r.source: r.runtime for r in rows if r.engine == "trtllm"}
+    assert runtimes["TRT10"] == "pytorch" and runtimes["TRT090"] == "classic" and runtimes["TRT_F180"] == "classic"
+    r = next(r for r in pg.in_scope(rows) if r.source == "TRT10")
+    trt = get_profile("trtllm")
+    # a PyTorch-backend row runs the engine profile under that runtime: faster than the classic runtime's
+    assert pg.predict_row(r, trt) == pytest.approx(pg._dynamic(r, pe.pytorch_runtime(trt)))
+    assert pg.predict_row(r, trt) > pg._dynamic(r, trt)
+    assert pg.predict_row(r, "fused") == pytest.approx(pg._dynamic(r, "fused"))     # fused is as named
+
+
 def test_hf_profile_operators():
     """SDPA: no materialised scores, no repeat_kv (native GQA), DynamicCache cat, greedy (no reorder)."""
     p = engine.predict("h100-sxm", "llama-3-8b", 4, 1024, 16, "full", 1.0, profile="hf")

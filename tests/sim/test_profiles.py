@@ -6,7 +6,7 @@ import pytest
 import sim.profiles as profiles
 from sim.profiles import PROFILES, Profile, get_profile, load_all
 
-SHIPPED = {"fused", "hf", "hf-eager", "hf-fit", "kvsim-eager", "trtllm", "vllm"}
+SHIPPED = {"fused", "hf", "hf-eager", "hf-fit", "kvsim-eager", "trtllm", "trtllm-pytorch", "vllm"}
 HELPERS = {"base", "eager", "engines"}      # shared pieces, no profile of their own
 
 
