@@ -1,12 +1,12 @@
-"""`python -m sim.fit_hf`: fit the `hf-fit` profile's two CPU terms (sim/profiles/hf_fit.py) to the
+"""`python -m sim.fit_hf`: fit the `hf-fit` profile's CPU term (sim/profiles/hf_fit.py) to the
 project's own plain transformers decode steps, and check them leave-one-shape-out.
 
     python -m sim.fit_hf                       # the bundled traces/data/cpu-hf-sdpa folders
     python -m sim.fit_hf --measured DIR [...] --out FILE.yaml
 
 Reads the timing folders measured with `traces.timing --stack hf --attn sdpa --beams 1` (manifest
-software `hf`; every one must name the same hardware file: the terms describe that machine), fits
-stream_fraction and call_scale by bounded least squares on log(predicted / measured) over every decode
+software `hf`; every one must name the same hardware file: the term describes that machine), fits
+stream_fraction by bounded least squares on log(predicted / measured) over every decode
 point, and again once per model shape without that shape's points (leave-one-shape-out, LOSO: the
 shapes are GPT-2 small, a Llama-shaped GQA model and a wide multi-head model, so each fold predicts a
 model it never saw). The hardware file itself is fitted to microbenchmarks only (hwmodels.calibrate):
@@ -175,7 +175,7 @@ def build_document(result: dict, command: str) -> dict:
 
 
 def build_parser():
-    p = _Parser(prog="python -m sim.fit_hf", description="Fit the hf-fit profile's CPU terms to plain transformers "
+    p = _Parser(prog="python -m sim.fit_hf", description="Fit the hf-fit profile's CPU term to plain transformers "
                 "decode steps (leave-one-shape-out check).")
     p.add_argument("--measured", nargs="+", default=None, metavar="DIR",
                    help="timing folders or roots (default: traces/data/cpu-hf-sdpa)")

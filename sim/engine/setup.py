@@ -96,11 +96,7 @@ def launch_seconds(hw, profile: Profile) -> float:
     if profile.launch_overhead_s is not None:       # an engine profile's own (fitted) launch cost
         return float(profile.launch_overhead_s)
     eager_call = hw.tables.eager_call_overhead_s if profile.eager else None
-    if eager_call is None:
-        return hw.launch_overhead_s
-    if profile.terms_device is None or getattr(hw, "content_hash", None) == profile.terms_device:
-        return eager_call * profile.eager_call_scale
-    return eager_call
+    return hw.launch_overhead_s if eager_call is None else eager_call
 
 
 def switch_seconds(hw, profile: Profile) -> float:

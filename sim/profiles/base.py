@@ -46,11 +46,6 @@ class Profile:
     # decode: the attention kernel accumulates the H2O/Keyformer scores from its own softmax (no pass of
     # its own over the probabilities; sim.policies.scored.ScoredPolicy.decode_ops)
     score_in_attention: bool = False
-    # eager profiles: each top-level call costs this multiple of the device's calibrated eager call, on the
-    # hardware file whose content hash is `terms_device` (a fitted profile's terms describe one machine:
-    # sim/profiles/hf_fit.py); None: on every device
-    eager_call_scale: float = 1.0
-    terms_device: str | None = None
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -64,8 +59,6 @@ class Profile:
             raise ValueError(f"profile {self.name}: prefill_chunk_tokens must be positive or None")
         if self.extra_host_overhead_s < 0:
             raise ValueError(f"profile {self.name}: extra_host_overhead_s must be >= 0")
-        if not self.eager_call_scale > 0:
-            raise ValueError(f"profile {self.name}: eager_call_scale must be > 0")
         for name in ("host_overhead_s", "launch_overhead_s"):
             value = getattr(self, name)
             if value is not None and not value >= 0:

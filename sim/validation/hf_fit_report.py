@@ -1,5 +1,5 @@
 """The `hf-fit` section of `python -m sim.validate`: plain transformers decode steps on CPU under the `hf`
-profile with its two fitted CPU terms (sim/profiles/hf_fit.py), in-sample beside leave-one-shape-out.
+profile with its fitted CPU term (sim/profiles/hf_fit.py), in-sample beside leave-one-shape-out.
 
 Every point of the fit's folders is predicted on the engine as it is now three ways: unfitted `hf`, with
 the file's terms (in-sample: fitted to these points) and with the terms fitted without the point's model
@@ -24,7 +24,7 @@ def _mape(pred, measured) -> float:
 
 
 def build_section(fit_file: Path | str = hff.FIT_FILE) -> tuple[list[str], dict]:
-    head = ["## Plain transformers on CPU with fitted terms (`hf-fit`)", ""]
+    head = ["## Plain transformers on CPU with a fitted term (`hf-fit`)", ""]
     if not Path(fit_file).is_file():
         return head + [f"Skipped: no fit file {fit_file} (run `python -m sim.fit_hf`).", ""], {"skipped": "no fit file"}
     data = hff.read_fit_file(fit_file)
