@@ -161,13 +161,11 @@ class Device:
     # dtype whose peak the compute curve's sizes refer to (None: sizes are used as given)
     compute_reference_dtype: str | None = None
     # the optional calibrated tables and figures (hwmodels.calibrate); NEUTRAL for a datasheet file
-    tables: CalibratedTables = field(default=None, repr=False, compare=False)
+    tables: CalibratedTables = field(default=NEUTRAL, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
-        if self.tables is None:
-            object.__setattr__(self, "tables", NEUTRAL)
 
     def __eq__(self, other):
         return isinstance(other, Device) and other.content_hash == self.content_hash

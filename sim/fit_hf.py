@@ -15,7 +15,6 @@ prediction and the hardware file's content hash (sim/engine_profiles/hf-cpu-fit.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import sys
 from pathlib import Path
@@ -23,24 +22,19 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kvcommon.cli import atomic_write_text
+from kvcommon.cli import OneLineParser, atomic_write_text, run
+from sim import bounded_fit as bf
 from sim.models import load_model
 from sim.profiles import hf_fit as hff
 from sim.validation import predict as vp
-from sim.validation.measured import find_timing_folders, load_timing
+from sim.validation.measured import DATA_DIR, find_timing_folders, load_timing
 
 DEFAULT_FOLDERS = ("cpu-hf-sdpa",)
 MAX_ITER = 30
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ValueError(message)
-
-
 def load_points(folders=None) -> tuple[list[dict], str, str]:
     """Decode points of the hf (SDPA, greedy) timing folders; (points, hardware path, its content hash)."""
-    from sim.validation.measured import DATA_DIR
     roots = [Path(f) for f in folders] if folders else [DATA_DIR / d for d in DEFAULT_FOLDERS]
     missing = [str(r) for r in roots if not r.exists()]
     if missing:
@@ -71,57 +65,16 @@ def predictions(points, values: dict, hw: str, device_hash: str) -> np.ndarray:
                      for p in points])
 
 
-def _to_x(z):
-    lo, hi = np.array([t.lo for t in hff.TERMS]), np.array([t.hi for t in hff.TERMS])
-    return lo + (hi - lo) / (1.0 + np.exp(-z))
-
-
-def _to_z(x):
-    lo, hi = np.array([t.lo for t in hff.TERMS]), np.array([t.hi for t in hff.TERMS])
-    u = np.clip((np.asarray(x, float) - lo) / (hi - lo), 0.02, 0.98)
-    return np.log(u / (1.0 - u))
-
-
-def _values(x) -> dict:
-    return {n: float(v) for n, v in zip(hff.TERM_NAMES, x)}
-
-
 def fit_terms(points, hw: str, device_hash: str) -> dict:
     """Levenberg-Marquardt on log(predicted / measured) in a logistic reparametrisation of the bounds,
     from the priors (the unfitted hf); deterministic."""
     measured = np.array([p["measured"] for p in points])
 
     def residuals(z):
-        return np.log(predictions(points, _values(_to_x(z)), hw, device_hash) / measured)
+        return np.log(predictions(points, bf.values(z, hff.TERMS), hw, device_hash) / measured)
 
-    z = _to_z([t.prior for t in hff.TERMS])
-    r = residuals(z)
-    cost, lam = float(r @ r), 1e-2
-    for _ in range(MAX_ITER):
-        jac = np.empty((len(r), len(z)))
-        for j in range(len(z)):
-            dz = z.copy()
-            dz[j] += 1e-4
-            jac[:, j] = (residuals(dz) - r) / 1e-4
-        g, a = jac.T @ r, jac.T @ jac
-        improved = False
-        for _ in range(8):
-            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -g)
-            step *= min(1.0, 2.0 / max(float(np.max(np.abs(step))), 1e-12))
-            z_new = np.clip(z + step, -12, 12)
-            r_new = residuals(z_new)
-            if float(r_new @ r_new) < cost:
-                improved = cost - float(r_new @ r_new) > 1e-10
-                z, r, cost, lam = z_new, r_new, float(r_new @ r_new), max(lam / 3, 1e-7)
-                break
-            lam *= 4
-        if not improved:
-            break
-    return _values(_to_x(z))
-
-
-def _mape(pred, measured) -> float:
-    return float(np.mean(np.abs(pred - measured) / measured) * 100)
+    _, z = bf.descend(residuals, bf.to_z([t.prior for t in hff.TERMS], hff.TERMS), MAX_ITER)
+    return bf.values(z, hff.TERMS)
 
 
 def run_fit(folders=None) -> dict:
@@ -150,9 +103,9 @@ def build_document(result: dict, command: str) -> dict:
     per_shape = {}
     for shape in result["folds"]:
         idx = [i for i, p in enumerate(result["points"]) if p["shape"] == shape]
-        per_shape[shape] = {"points": len(idx), "in_sample_mape_pct": round(_mape(result["in_sample"][idx], m[idx]), 3),
-                            "loso_mape_pct": round(_mape(result["loso"][idx], m[idx]), 3),
-                            "unfitted_mape_pct": round(_mape(result["unfitted"][idx], m[idx]), 3)}
+        per_shape[shape] = {"points": len(idx), "in_sample_mape_pct": round(bf.mape(result["in_sample"][idx], m[idx]), 3),
+                            "loso_mape_pct": round(bf.mape(result["loso"][idx], m[idx]), 3),
+                            "unfitted_mape_pct": round(bf.mape(result["unfitted"][idx], m[idx]), 3)}
     return {
         "schema_version": 1,
         "kind": "kvsim-hf-cpu-fit",
@@ -160,9 +113,9 @@ def build_document(result: dict, command: str) -> dict:
                 "objective": "least squares on log(predicted / measured) over decode steps, terms bounded "
                              "(logistic reparametrisation), Levenberg-Marquardt from the priors",
                 "points": len(result["points"]),
-                "in_sample_mape_pct": round(_mape(result["in_sample"], m), 3),
-                "loso_mape_pct": round(_mape(result["loso"], m), 3),
-                "unfitted_mape_pct": round(_mape(result["unfitted"], m), 3),
+                "in_sample_mape_pct": round(bf.mape(result["in_sample"], m), 3),
+                "loso_mape_pct": round(bf.mape(result["loso"], m), 3),
+                "unfitted_mape_pct": round(bf.mape(result["unfitted"], m), 3),
                 "per_shape": per_shape},
         "device": {"file": _rel(result["hw"]), "content_hash": result["device_hash"]},
         "terms": {t.name: {"value": round(result["terms"][t.name], 6), "bounds": [t.lo, t.hi], "prior": t.prior,
@@ -175,7 +128,7 @@ def build_document(result: dict, command: str) -> dict:
 
 
 def build_parser():
-    p = _Parser(prog="python -m sim.fit_hf", description="Fit the hf-fit profile's CPU term to plain transformers "
+    p = OneLineParser(prog="python -m sim.fit_hf", description="Fit the hf-fit profile's CPU term to plain transformers "
                 "decode steps (leave-one-shape-out check).")
     p.add_argument("--measured", nargs="+", default=None, metavar="DIR",
                    help="timing folders or roots (default: traces/data/cpu-hf-sdpa)")
@@ -183,28 +136,29 @@ def build_parser():
     return p
 
 
-def main(argv=None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        if args.out.is_dir():
-            raise ValueError(f"--out {args.out} is a folder; give the fit file's path")
-        if not args.out.parent.exists():
-            raise ValueError(f"--out: folder {args.out.parent} does not exist")
-        result = run_fit(args.measured)
-        command = "python -m sim.fit_hf" + ("" if args.measured is None else " --measured " + " ".join(args.measured))
-        if args.out.resolve() != hff.FIT_FILE.resolve():
-            command += f" --out {args.out}"
-        doc = build_document(result, command)
-        atomic_write_text(args.out, "# hf-fit terms: written by python -m sim.fit_hf (do not edit; re-run fit.command)\n"
-                          + yaml.safe_dump(doc, sort_keys=False, width=120))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a folder; give the fit file's path")
+    if not args.out.parent.exists():
+        raise ValueError(f"--out: folder {args.out.parent} does not exist")
+    result = run_fit(args.measured)
+    command = "python -m sim.fit_hf" + ("" if args.measured is None else " --measured " + " ".join(args.measured))
+    if args.out.resolve() != hff.FIT_FILE.resolve():
+        command += f" --out {args.out}"
+    doc = build_document(result, command)
+    atomic_write_text(args.out, "# hf-fit terms: written by python -m sim.fit_hf (do not edit; re-run fit.command)\n"
+                      + yaml.safe_dump(doc, sort_keys=False, width=120))
     fit = doc["fit"]
     terms = ", ".join(f"{k}={v['value']:.4g}" for k, v in doc["terms"].items())
     print(f"{fit['points']} points: unfitted MAPE {fit['unfitted_mape_pct']:.1f}%, in-sample {fit['in_sample_mape_pct']:.1f}%, "
           f"leave-one-shape-out {fit['loso_mape_pct']:.1f}%; {terms}: {args.out}")
     return 0
+
+
+def main(argv=None) -> int:
+    """User mistakes (bad flags, missing folders) are one `error: ...` line and exit code 2 (the kit's run)."""
+    return run(_main, argv)
 
 
 if __name__ == "__main__":

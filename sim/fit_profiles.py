@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from sim import bounded_fit as bf
 from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
 
@@ -43,21 +44,8 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-def _to_x(z):
-    lo = np.array([t.lo for t in pe.TERMS])
-    hi = np.array([t.hi for t in pe.TERMS])
-    return lo + (hi - lo) / (1.0 + np.exp(-z))
-
-
-def _to_z(x):
-    lo = np.array([t.lo for t in pe.TERMS])
-    hi = np.array([t.hi for t in pe.TERMS])
-    u = np.clip((np.asarray(x, float) - lo) / (hi - lo), 0.02, 0.98)
-    return np.log(u / (1.0 - u))
-
-
-def _values(x) -> dict[str, float]:
-    return {name: float(v) for name, v in zip(pe.TERM_NAMES, x)}
+def _values(z) -> dict[str, float]:
+    return bf.values(z, pe.TERMS)
 
 
 def predictions(rows, values: dict, engine_name: str = FITTED_ENGINE) -> np.ndarray:
@@ -77,9 +65,9 @@ PRIOR_WEIGHT = 1e-2
 
 
 def _residuals(rows, measured, z):
-    r = np.log(predictions(rows, _values(_to_x(z))) / measured)
+    r = np.log(predictions(rows, _values(z)) / measured)
     rho = 2.0 * (np.sqrt(1.0 + (r / LOSS_SCALE) ** 2) - 1.0) * LOSS_SCALE ** 2
-    pull = PRIOR_WEIGHT * (z - _to_z([pe.prior_values()[n] for n in pe.TERM_NAMES]))
+    pull = PRIOR_WEIGHT * (z - bf.to_z([pe.prior_values()[n] for n in pe.TERM_NAMES], pe.TERMS))
     return np.concatenate([np.sign(r) * np.sqrt(rho), pull])
 
 
@@ -91,7 +79,7 @@ def fit_terms(rows, start: dict | None = None) -> dict[str, float]:
     if not rows:
         raise ValueError("no rows to fit")
     if start is not None:
-        return _descend(rows, _to_z([start[n] for n in pe.TERM_NAMES]))[1]
+        return _descend(rows, bf.to_z([start[n] for n in pe.TERM_NAMES], pe.TERMS))[1]
     fits = [_descend(rows, z0) for z0 in start_points()]
     return min(fits, key=lambda f: f[0])[1]
 
@@ -104,47 +92,17 @@ ATTENTION_STARTS = (0.05, 0.15, 0.4)
 
 def start_points() -> list[np.ndarray]:
     prior = pe.prior_values()
-    starts = [_to_z([prior[n] for n in pe.TERM_NAMES])]
+    starts = [bf.to_z([prior[n] for n in pe.TERM_NAMES], pe.TERMS)]
     for level in ATTENTION_STARTS:     # overheads at their priors, efficiencies inside their ranges
         x = dict(prior, gemm_eff=0.8, fp8_gemm_eff=0.8, attn_fp8_kv_eff=0.8, attn_core_eff=level)
-        starts.append(_to_z([x[n] for n in pe.TERM_NAMES]))
+        starts.append(bf.to_z([x[n] for n in pe.TERM_NAMES], pe.TERMS))
     return starts
 
 
 def _descend(rows, z) -> tuple[float, dict[str, float]]:
     measured = np.array([r.value for r in rows])
-    r = _residuals(rows, measured, z)
-    cost, lam = float(r @ r), 1e-2
-    for _ in range(MAX_ITER):
-        h = 1e-4
-        jac = np.empty((len(r), len(z)))
-        for j in range(len(z)):
-            dz = z.copy()
-            dz[j] += h
-            jac[:, j] = (_residuals(rows, measured, dz) - r) / h
-        g, a = jac.T @ r, jac.T @ jac
-        improved = False
-        for _ in range(8):
-            # Marquardt damping with a floor (terms the rows barely see must not take huge steps), and
-            # steps of at most 2 in the logistic coordinates
-            damp = np.diag(a) + 1e-3 * max(float(np.max(np.diag(a))), 1e-12)
-            step = np.linalg.solve(a + lam * np.diag(damp), -g)
-            step *= min(1.0, 2.0 / max(float(np.max(np.abs(step))), 1e-12))
-            z_new = np.clip(z + step, -12, 12)
-            r_new = _residuals(rows, measured, z_new)
-            c_new = float(r_new @ r_new)
-            if c_new < cost:
-                improved = cost - c_new > 1e-10 * max(cost, 1e-12)
-                z, r, cost, lam = z_new, r_new, c_new, max(lam / 3, 1e-7)
-                break
-            lam *= 4
-        if not improved:
-            break
-    return cost, _values(_to_x(z))
-
-
-def _mape(pred, measured) -> float:
-    return float(np.mean(np.abs(pred - measured) / measured) * 100)
+    cost, z = bf.descend(lambda zz: _residuals(rows, measured, zz), z, MAX_ITER)
+    return cost, _values(z)
 
 
 def run_fit(csv: Path) -> dict:
@@ -202,8 +160,8 @@ def build_document(result: dict, csv: Path, command: str) -> dict:
                 "objective": "soft-L1 loss (5% knee) on log(predicted / measured), terms bounded (logistic "
                              "reparametrisation), Levenberg-Marquardt from the priors and 3 attention-rate starts",
                 "rows_fitted": len(fit_rows), "rows_excluded": excluded,
-                "in_sample_mape_pct": round(_mape(result["in_sample"], result["measured"]), 3),
-                "loso_mape_pct": round(_mape(result["loso"], result["measured"]), 3)},
+                "in_sample_mape_pct": round(bf.mape(result["in_sample"], result["measured"]), 3),
+                "loso_mape_pct": round(bf.mape(result["loso"], result["measured"]), 3)},
         "engines": engines,
         "predictions": per_row,
     }

@@ -127,7 +127,8 @@ def merge_files(paths, out: Path, name: str | None = None, partial: bool = False
     _check_same(paths, docs)
     runs = [series_from_calibration(d["calibration"]) for d in docs]
     series = merge_series(runs, partial=partial)
-    fewer = {n: sum(n in run for run in runs) for n in series if sum(n in run for run in runs) < len(runs)}
+    counts = {n: sum(n in run for run in runs) for n in series}
+    fewer = {n: c for n, c in counts.items() if c < len(runs)}
     first = docs[0]
     primary = first["compute_efficiency"].get("reference_dtype") or "fp32"
     result = fit(series, primary)

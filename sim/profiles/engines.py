@@ -92,13 +92,14 @@ def prior_values() -> dict[str, float]:
     return {t.name: t.prior for t in TERMS}
 
 
-def check_values(values: dict, where: str) -> dict[str, float]:
-    """Every term present, finite and inside its bounds; one-line ValueError otherwise."""
-    missing = [n for n in TERM_NAMES if n not in values]
+def check_values(values: dict, where: str, terms=TERMS) -> dict[str, float]:
+    """Every term of `terms` (default: the engine terms) present, finite and inside its bounds; one-line
+    ValueError otherwise."""
+    missing = [t.name for t in terms if t.name not in values]
     if missing:
         raise ValueError(f"{where}: missing terms {missing}")
     out = {}
-    for t in TERMS:
+    for t in terms:
         v = values[t.name]
         v = v["value"] if isinstance(v, dict) else v
         try:

@@ -64,8 +64,8 @@ def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
     16 query heads on 4 K/V heads over 3005 keys, d = 64, cost 62% of the 16-K/V-head call)."""
     if ctx.phase != "decode" or ctx.hw is None:
         return
-    eff = getattr(ctx.hw, "tables", None)
-    eff = None if eff is None else eff.sdpa_decode_efficiency(ctx.model.head_dim)
+    tables = getattr(ctx.hw, "tables", None)
+    eff = None if tables is None else tables.sdpa_decode_efficiency(ctx.model.head_dim)
     if eff is None:
         return
     for op in ops:

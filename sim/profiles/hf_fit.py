@@ -15,45 +15,29 @@ describes one machine (the file's content hash is in the fit file).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
 
 from sim.profiles.base import PROFILES, Profile, read_fit_yaml, register_profile
+from sim.profiles.engines import Term
+from sim.profiles.engines import check_values as engine_check_values
 from sim.profiles.hf import HF, sdpa_decode_rate
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "hf-cpu-fit.yaml"
 NAME = "hf-fit"
 
 
-@dataclass(frozen=True)
-class Term:
-    name: str
-    lo: float
-    hi: float
-    prior: float
-    meaning: str
-
-
 # Bounds are a physical range: a decode step's streams never beat the calibrated streaming rate (at most 1).
 # Prior: the unfitted `hf` (1).
 TERMS = (
-    Term("stream_fraction", 0.5, 1.0, 1.0,
+    Term("stream_fraction", "fraction", 0.5, 1.0, 1.0, "the unfitted hf: the hardware file's streaming rate as is",
          "fraction of the hardware file's streaming rate that a decode step's weight and KV streams reach"),
 )
 TERM_NAMES = tuple(t.name for t in TERMS)
 
 
 def check_values(values: dict, where: str) -> dict[str, float]:
-    out = {}
-    for t in TERMS:
-        if t.name not in values:
-            raise ValueError(f"{where}: missing term {t.name}")
-        v = values[t.name]
-        v = float(v["value"] if isinstance(v, dict) else v)
-        if not (t.lo - 1e-12 <= v <= t.hi + 1e-12):
-            raise ValueError(f"{where}: term {t.name} = {v:g} outside its bounds [{t.lo:g}, {t.hi:g}]")
-        out[t.name] = v
-    return out
+    return engine_check_values(values, where, TERMS)
 
 
 def make_profile(values: dict, device_hash: str, name: str = NAME) -> Profile:
@@ -67,14 +51,12 @@ def make_profile(values: dict, device_hash: str, name: str = NAME) -> Profile:
         for op in ops:
             op.bw_scale = stream if op.bw_scale is None else op.bw_scale * stream
 
-    return Profile(
-        name=name,
+    # hf's operators and counts as they are; only the description and the rates hook differ
+    return dataclasses.replace(
+        HF, name=name, adjust_ops=adjust,
         description=f"`hf` with a CPU term fitted to plain transformers decode steps (stream_fraction {stream:.3g}) "
                     f"on the hardware file of content hash {device_hash} "
-                    "(sim/profiles/hf_fit.py; values in sim/engine_profiles/hf-cpu-fit.yaml)",
-        launches=HF.launches, materialise_scores=HF.materialise_scores,
-        prefill_chunk_tokens=HF.prefill_chunk_tokens, extra_decode_ops=HF.extra_decode_ops,
-        extra_prefill_ops=HF.extra_prefill_ops, eager=True, adjust_ops=adjust)
+                    "(sim/profiles/hf_fit.py; values in sim/engine_profiles/hf-cpu-fit.yaml)")
 
 
 def read_fit_file(path: Path | str = FIT_FILE) -> dict:

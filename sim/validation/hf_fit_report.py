@@ -12,15 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sim import bounded_fit as bf
 from sim import fit_hf
 from sim.profiles import hf_fit as hff
 
 LOSO_TARGET = 10.0
 STALE_PCT = 0.5
-
-
-def _mape(pred, measured) -> float:
-    return float(np.mean(np.abs(np.asarray(pred) - measured) / measured) * 100)
 
 
 def build_section(fit_file: Path | str = hff.FIT_FILE) -> tuple[list[str], dict]:
@@ -60,8 +57,8 @@ def build_section(fit_file: Path | str = hff.FIT_FILE) -> tuple[list[str], dict]
     for shape in list(dict.fromkeys(p["shape"] for p in points)) + ["overall"]:
         idx = [i for i, p in enumerate(points) if shape in ("overall", p["shape"])]
         m = measured[idx]
-        row = dict(points=len(idx), unfitted=_mape(unfitted[idx], m), in_sample=_mape(in_sample[idx], m),
-                   loso=_mape(loso[idx], m), loso_max=float(np.max(np.abs(loso[idx] - m) / m) * 100))
+        row = dict(points=len(idx), unfitted=bf.mape(unfitted[idx], m), in_sample=bf.mape(in_sample[idx], m),
+                   loso=bf.mape(loso[idx], m), loso_max=float(np.max(np.abs(loso[idx] - m) / m) * 100))
         summary[shape] = {k: round(v, 3) for k, v in row.items()}
         lines.append(f"| {shape} | {row['points']} | {row['unfitted']:.1f} | {row['in_sample']:.1f} | {row['loso']:.1f} | "
                      f"{row['loso_max']:.1f} |")

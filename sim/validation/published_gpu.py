@@ -33,6 +33,8 @@ import numpy as np
 import pandas as pd
 
 from sim import engine
+from sim.profiles import get_profile
+from sim.profiles.engines import pytorch_runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSV_NAME = "gpu-published-train.csv"
@@ -261,8 +263,6 @@ def predict_row(row: Row, profile) -> float:
     if row.scope != "single-device":
         raise ValueError(f"row {row.index} ({row.id}) is out of scope: {row.scope}")
     if row.runtime == "pytorch":
-        from sim.profiles import get_profile
-        from sim.profiles.engines import pytorch_runtime
         resolved = get_profile(profile)
         if resolved.launch_overhead_s is not None:       # an engine profile (fused and the eager ones: as named)
             profile = pytorch_runtime(resolved)
