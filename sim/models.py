@@ -280,7 +280,8 @@ def list_models() -> list[str]:
 
 
 def load_model(name_or_path) -> ModelSpec:
-    """A shipped name (see list_models()), a path to an HF config.json, or a folder holding one."""
+    """A shipped name (see list_models()), a path to an HF config.json, a folder holding one, or a published /
+    Hugging Face name of a shipped spec (sim.model_names)."""
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
     key = str(name_or_path)
@@ -289,10 +290,15 @@ def load_model(name_or_path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        if "/" in key or key.endswith(".json"):
+        # not a shipped spec nor a file: a published or Hugging Face name ("meta-llama/Llama-3.1-70B-Instruct")
+        # of a shipped spec (sim/models/names.yaml), else the error that names what was tried
+        from sim.model_names import resolve_name
+        resolved = None if path.exists() or key.endswith(".json") or key.startswith(("/", ".", "~")) else resolve_name(key)
+        if resolved is not None and resolved.spec is not None:
+            return load_model(resolved.spec)
+        if resolved is None:
             raise FileNotFoundError(f"model config {path} not found")
-        raise ValueError(f"unknown model {key!r}; shipped: {', '.join(list_models())} "
-                         "(or give a path to a config.json)")
+        raise ValueError(f"unknown model {key!r}: {resolved.reason}")
     try:
         cfg = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

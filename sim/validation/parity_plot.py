@@ -15,12 +15,24 @@ PANELS = (("time (s)", ("step_latency_s", "prefill_s")), ("throughput (tokens/s)
 MARKERS = "o^sDvP*XhpH<>d8"
 
 
+def log_axes(ax, lo: float, hi: float) -> None:
+    """Both axes logarithmic over [lo, hi] with plain numbers at 1-2-5 steps (readable on short log ranges)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+
+
 def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
     """Predicted vs measured on log axes, one marker per source, y = x and the +-threshold band."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     panels = [(title, points[points["metric"].isin(metrics)]) for title, metrics in PANELS]
     panels = [(t, df) for t, df in panels if len(df)]
@@ -50,14 +62,7 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
         ax.plot(line, line, color="black", lw=0.8)
         ax.fill_between(line, line * (1 - threshold / 100), line * (1 + threshold / 100), color="grey", alpha=0.15,
                         label=f"+-{threshold:g}%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):   # plain numbers at 1-2-5 steps: readable on short log ranges
-            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
+        log_axes(ax, lo, hi)
         ax.set_xlabel("measured / published")
         ax.set_ylabel("predicted")
         ax.set_title(title)

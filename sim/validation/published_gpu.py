@@ -32,7 +32,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hwmodels.skus import resolve_sku
+from kvcommon.dtypes import DTYPES, dtype_name
 from sim import engine
+from sim.model_names import resolve_name
 from sim.profiles import get_profile
 from sim.profiles.engines import pytorch_runtime
 
@@ -43,20 +46,9 @@ COLUMNS = ("source", "hw", "model", "stack", "weight_dtype", "kv_dtype", "tp", "
 METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s")
 REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
 
-# Published SKU names -> hardware files (hwmodels/devices); the A100 of TRT090 is taken to be the SXM
-# 80 GB part (the CSV's README: "assumed").
-HW_PREFIXES = (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("L40S", "l40s"), ("A100", "a100-80g-sxm"),
-               ("MI300X", "mi300x"))
-# HF model names -> shipped model specs (sim/models). Llama-3.1-8B has Llama-3-8B's shapes (same
-# layers, heads, widths, vocabulary).
-MODELS = {
-    "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1",
-    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
-    "meta-llama/Llama-2-13b-hf": "llama-2-13b",
-    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
-    "EleutherAI/gpt-j-6b": "gpt-j-6b",
-    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3-8b",
-}
+# Published SKU names -> hardware files: hwmodels/sku-names.yaml (hwmodels.skus; the A100 of TRT090 is taken
+# to be the SXM 80 GB part, as the CSV's README says: "assumed"). HF / published model names -> shipped specs:
+# sim/models/names.yaml (sim.model_names; nvidia/Llama-3.1-8B-Instruct-FP8 is llama-3.1-8b).
 # TensorRT-LLM defaults for the steady state (see the module docstring), as its documentation states them
 # (KvCacheConfig free_gpu_memory_fraction = 0.9, capacity_scheduler_policy GUARANTEED_NO_EVICT;
 # BuildConfig max_batch_size = 2048, max_num_tokens = 8192); the project's reading of the TensorRT-LLM
@@ -112,6 +104,7 @@ class Row:
     value: float
     regime: str
     scope: str              # "single-device" or why the row is out of scope
+    notes: str = ""
 
     @property
     def runtime(self) -> str:
@@ -186,21 +179,30 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         tp = _int(r["tp"], "tp", where)
         batch = None if r["batch"].strip().lower() == "dynamic" else _int(r["batch"], "batch", where)
         prompt, gen = _int(r["prompt"], "prompt", where), _int(r["gen"], "gen", where)
-        hw = next((name for prefix, name in HW_PREFIXES if r["hw"].strip().upper().startswith(prefix)), None)
-        model = MODELS.get(r["model"].strip())
+        for what, n in (("tp", tp), ("batch", batch), ("prompt", prompt), ("gen", gen)):
+            if n is not None and n <= 0:
+                raise ValueError(f"{where}: {what} must be a positive integer, got {n}")
+        hw, hw_why = resolve_sku(r["hw"])
+        resolved = resolve_name(r["model"])
+        model = resolved.spec
         gqa = model is not None and load_model(model).attention != "MHA"
+        weight_dtype, kv_dtype = _dtype(r["weight_dtype"]), _dtype(r["kv_dtype"])
+        bad_dtype = next((f"{what} dtype {d!r} is not one kvsim models ({', '.join(DTYPES)})"
+                          for what, d in (("weight", weight_dtype), ("KV", kv_dtype)) if dtype_name(d) not in DTYPES), None)
         scope = "single-device"
-        if tp != 1:
-            scope = f"tp={tp}: multi-GPU, out of scope for the single-device model"
+        if bad_dtype:
+            scope = bad_dtype
         elif hw is None:
-            scope = f"no hardware file for {r['hw']!r}"
+            scope = f"{r['hw'].strip()!r}: {hw_why}"
         elif model is None:
-            scope = f"no model spec for {r['model']!r}"
+            scope = resolved.reason
+        elif tp != 1:
+            scope = f"tp={tp}: multi-GPU, not in the single-device fit (sim.validation.multigpu predicts it)"
         rows.append(Row(index=i, source=r["source"].strip(), hw_label=r["hw"].strip(), model_label=r["model"].strip(),
                         stack=r["stack"].strip(), engine=_engine(r["stack"]), hw=hw, model=model,
-                        weight_dtype=_dtype(r["weight_dtype"]), kv_dtype=_dtype(r["kv_dtype"]), tp=tp, batch=batch,
+                        weight_dtype=dtype_name(weight_dtype), kv_dtype=dtype_name(kv_dtype), tp=tp, batch=batch,
                         prompt=prompt, gen=gen, metric=metric, value=value,
-                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope))
+                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope, notes=r["notes"].strip()))
     return rows
 
 
@@ -222,12 +224,15 @@ def _static(row: Row, profile) -> float:
 
 
 def steady_state_batch(row: Row) -> int:
-    """Requests in flight at saturation: the KV pool over each request's reservation (prompt + gen)."""
+    """Requests in flight at saturation: the KV pool over each request's reservation (prompt + gen). With
+    tensor parallelism (row.tp devices) the pool is the devices' memory less the weights, and each KV head
+    is stored as often as the TP group replicates it (fewer KV heads than ranks)."""
     from sim.models import load_model
+    from sim.parallel.shard import kv_replication
     m = load_model(row.model)
     device = engine.resolve_device(row.hw)
-    pool = KV_POOL_FRACTION * (float(device.memory_bytes) - m.weight_bytes(row.weight_dtype))
-    per_request = m.kv_bytes_per_token(row.kv_dtype) * (row.prompt + row.gen)
+    pool = KV_POOL_FRACTION * (row.tp * float(device.memory_bytes) - m.weight_bytes(row.weight_dtype))
+    per_request = m.kv_bytes_per_token(row.kv_dtype) * kv_replication(m.n_kv_heads, row.tp) * (row.prompt + row.gen)
     return int(max(min(MAX_BATCH_SIZE, math.floor(pool / per_request)), 1))
 
 

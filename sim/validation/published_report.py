@@ -9,7 +9,7 @@ moved since the fit, the section says so (re-run `python -m sim.fit_profiles`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ import pandas as pd
 
 from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
+from sim.validation.published_plot import PLOT_NAME
 
 LOSO_TARGET_OVERALL = 10.0
 LOSO_TARGET_REGIME = 15.0
@@ -26,6 +27,10 @@ EXAMPLES = ("TRT090/h200-sxm/mistral-7b-v0.1/b120/128+2048/out_tok_per_s",
             "TRT090/h100-sxm/mistral-7b-v0.1/b120/128+2048/out_tok_per_s")
 GPU_RUN_NOTE = ("No GPU run entered this report: no GPU was lent to this session (issue 13 part 5); "
                 "`workflows/gpu/` holds the script to run when one is.")
+
+
+TABLE_COLUMNS = ("id", "source", "engine", "regime", "hw", "model", "metric", "batch", "prompt", "gen", "measured",
+                 "trained", "predicted", "error_pct", "loso", "loso_error_pct", "fused_error_pct", "moved_pct")
 
 
 @dataclass
@@ -53,13 +58,17 @@ def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
     stored = {p["id"]: p for p in data.get("predictions", [])}
     rows = pg.load_rows(csv)
     scoped = [r for r in pg.in_scope(rows) if r.engine in profiles]
-    out = []
+    out, unpredictable = [], []
     for r in scoped:
-        pred = pg.predict_row(r, profiles[r.engine])
         trained = r.id in stored and r.engine == "trtllm"
         fold = fold_profiles.get(r.source) if trained else None
-        loso = pg.predict_row(r, fold) if fold is not None else pred
-        fused = pg.predict_row(r, "fused")
+        try:
+            pred = pg.predict_row(r, profiles[r.engine])
+            loso = pg.predict_row(r, fold) if fold is not None else pred
+            fused = pg.predict_row(r, "fused")
+        except ValueError as exc:                      # e.g. a held-out row whose point the engine refuses
+            unpredictable.append(replace(r, scope=f"not predicted: {exc}"))
+            continue
         then = stored.get(r.id, {}).get("in_sample") if trained else None
         out.append(dict(id=r.id, source=r.source, engine=r.engine, regime=r.regime, hw=r.hw, model=r.model,
                         metric=r.metric, batch="dynamic" if r.batch is None else r.batch, prompt=r.prompt, gen=r.gen,
@@ -67,8 +76,8 @@ def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                         loso=loso, loso_error_pct=pg.error_pct(loso, r.value),
                         fused_error_pct=pg.error_pct(fused, r.value),
                         moved_pct=np.nan if then is None else pg.error_pct(pred, then)))
-    excluded = [r for r in rows if r not in scoped]
-    return pd.DataFrame(out), data, excluded
+    excluded = [r for r in rows if r not in scoped] + unpredictable
+    return pd.DataFrame(out, columns=TABLE_COLUMNS), data, excluded
 
 
 def _fmt(v, digits=1) -> str:
@@ -85,6 +94,12 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                        {"skipped": f"{pg.display_path(csv_path)} not found"})
     table, data, excluded = evaluate_rows(fit_file, csv_path)
     fit = data.get("fit", {})
+    multi_lines, multi_summary = multi_gpu_lines(csv_path)
+    if not len(table):
+        lines = head + [f"No single-device row of {pg.display_path(csv_path)} can be predicted (each row's reason "
+                        "below).", "", *excluded_lines(excluded), *multi_lines, GPU_RUN_NOTE, ""]
+        return Section(lines, {"rows": 0, "regimes": {}, "excluded": [r.id for r in excluded],
+                               "multi_gpu": multi_summary, "gpu_run": GPU_RUN_NOTE}, table)
     lines = head + [
         f"Rows: {len(table)} single-device rows of {pg.display_path(csv_path)}, each predicted under its stack's "
         f"profile (`trtllm`, `vllm`) of "
@@ -116,7 +131,8 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         rows_out.append(f"| {group} | {ins['points']} | {ins['mape']:.1f} | {ins['max_error']:.1f} | {lo['mape']:.1f} | "
                         f"{lo['max_error']:.1f} | {fu['mape']:.1f} | <= {target:g} | {status} |")
     lines += ["| regime | rows | in-sample MAPE % | in-sample max % | LOSO MAPE % | LOSO max % | fused MAPE % | "
-              "target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, ""]
+              "target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, "",
+              f"![published GPU rows: predicted vs published]({PLOT_NAME})", ""]
     if len(held_out):
         h = _stats(held_out, "error_pct")
         held_out_summary = {"points": h["points"], "mape": h["mape"], "max_error": h["max_error"]}
@@ -154,15 +170,47 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                      f"{_fmt(r.error_pct)} | "
                      f"{r.loso:.4g} | {_fmt(r.loso_error_pct)} | {_fmt(r.fused_error_pct)} |")
     lines.append("")
-    if excluded:
-        lines += ["Excluded from fit and check (out of scope for the single-device model; tensor parallelism is "
-                  "another issue's): " + "; ".join(f"row {r.index} {r.source} {r.model_label} on {r.hw_label} "
-                                                    f"({r.scope})" for r in excluded) + ".", ""]
-    lines += [GPU_RUN_NOTE, ""]
+    lines += excluded_lines(excluded) + multi_lines + [GPU_RUN_NOTE, ""]
     summary = {"rows": int(len(table)), "regimes": summary_regimes, "by_source": by_source, "stale": stale,
                "held_out": held_out_summary,
                "terms": {k: float(v["value"]) for k, v in terms.items()},
                "examples": {e.id: {"measured": e.measured, "predicted": round(e.predicted, 1),
                                    "loso": round(e.loso, 1)} for e in examples.itertuples()},
-               "excluded": [r.id for r in excluded], "gpu_run": GPU_RUN_NOTE}
+               "excluded": [r.id for r in excluded], "multi_gpu": multi_summary, "gpu_run": GPU_RUN_NOTE}
     return Section(lines, summary, table)
+
+
+def excluded_lines(excluded: list) -> list[str]:
+    """The rows neither fitted nor checked here, each with its reason (multi-GPU rows: the next table)."""
+    if not excluded:
+        return []
+    return ["Not in the single-device fit and check: " + "; ".join(
+        f"row {r.index} {r.source} {r.model_label} on {r.hw_label} ({r.scope})" for r in excluded) + ".", ""]
+
+
+def multi_gpu_lines(csv_path: Path) -> tuple[list[str], list[dict]]:
+    """The tp > 1 rows predicted by sim.parallel under their stack's profile (sim.validation.multigpu): held
+    out, no fit saw them."""
+    from sim.validation import multigpu
+    recs = multigpu.report(csv_path)
+    if not recs:
+        return [], []
+    lines = ["Multi-GPU rows (tp > 1; never fitted: held out), predicted by sim.parallel (tensor parallelism over the "
+             "device's interconnect) under the stack's profile (`python -m sim.validation.multigpu`):", "",
+             "| row | tp | metric | measured | stack profile | predicted | error % | fused error % |",
+             "|---|---|---|---|---|---|---|---|"]
+    summary = []
+    for r in recs:
+        if "error" in r:
+            lines.append(f"| {r['id']} | {r['tp']} | {r['metric']} | {r['measured']:.4g} | {r['engine']} | "
+                         f"not predicted: {r['error']} | - | - |")
+        else:
+            lines.append(f"| {r['id']} | {r['tp']} | {r['metric']} | {r['measured']:.4g} | {r['engine']} | "
+                         f"{r['predicted_stack']:.4g} | {_fmt(r['error_pct_stack'])} | {_fmt(r['error_pct_fused'])} |")
+        summary.append({k: (None if isinstance(r.get(k), float) and not np.isfinite(r[k]) else r.get(k))
+                        for k in ("id", "tp", "metric", "measured", "engine", "predicted_stack", "error_pct_stack",
+                                  "error_pct_fused", "error")})
+    errors = [abs(r["error_pct_stack"]) for r in recs if "error" not in r]
+    if errors:
+        lines += ["", f"Multi-GPU rows: {len(errors)}, MAPE {np.mean(errors):.1f}%, max {max(errors):.1f}%."]
+    return lines + [""], summary

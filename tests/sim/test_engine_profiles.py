@@ -3,6 +3,7 @@ command; the published-GPU CSV loader and the validate section (tests that need 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -309,3 +310,58 @@ def test_engine_profiles_never_get_faster_with_more_cache(hw, model, profile, po
     small = engine.evaluate(hw, model, policy, cache_ratio=lo, **kw)["tpot_s"][0]
     large = engine.evaluate(hw, model, policy, cache_ratio=hi, **kw)["tpot_s"][0]
     assert small <= large * (1 + 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Another CSV (the held-out check): names as vendors print them, rows kvsim cannot predict, tp > 1
+
+def test_held_out_csv_resolves_published_names_and_says_why_it_skips_a_row(tmp_path):
+    path = write_csv(tmp_path / "held.csv", [
+        _row(source="HO", hw="H100 SXM5 80GB", model="meta-llama/Meta-Llama-3-8B-Instruct", batch=64, prompt=128,
+             gen=128, value=9000),
+        _row(source="HO", hw="H100 PCIe", value=100),
+        _row(source="HO", model="mistralai/Mixtral-8x7B-v0.1", value=100),
+        _row(source="HO", weight_dtype="w4a16", value=100),
+        _row(source="HO", hw="H100-SXM-80GB (x2)", model="meta-llama/Llama-3.1-70B-Instruct", tp=2, batch=8,
+             prompt=1024, gen=128, value=500),
+        _row(source="HO", hw="H200", model="Llama 3.3 70B", tp=2, batch="dynamic", prompt=128, gen=2048, value=5000,
+             stack="TensorRT-LLM 1.0 (PyTorch backend)"),
+    ])
+    rows = pg.load_rows(path)
+    assert [r.scope == "single-device" for r in rows] == [True, False, False, False, False, False]
+    assert rows[0].model == "llama-3-8b" and rows[0].hw == "h100-sxm"
+    assert "PCIe" in rows[1].scope and "mixture-of-experts" in rows[2].scope and "w4a16" in rows[3].scope
+    assert rows[4].model == "llama-3.1-70b" and "multi-GPU" in rows[4].scope
+    section = published_report.build_section(csv=path)
+    assert list(section.table["trained"]) == [False]
+    multi = section.summary["multi_gpu"]
+    assert [m["id"].split("/")[1] for m in multi] == ["h100-sxmx2", "h200-sxmx2"]
+    assert all(m["predicted_stack"] > 0 for m in multi)
+    # in-flight batching on 2 devices: the steady-state batch of their pooled KV memory, not batch 1
+    assert multi[1]["id"].split("/")[3].startswith("dyn(b") and rows[5].runtime == "pytorch"
+    assert int(multi[1]["id"].split("/")[3][5:-1]) == pg.steady_state_batch(rows[5]) > pg.steady_state_batch(
+        dataclasses.replace(rows[5], tp=1))
+    text = "\n".join(section.markdown)
+    assert "Multi-GPU rows" in text and "PCIe" in text and "mixture-of-experts" in text
+
+
+def test_held_out_csv_with_no_predictable_row_still_reports(tmp_path):
+    path = write_csv(tmp_path / "none.csv", [_row(hw="B200"), _row(model="tiiuae/falcon-180B")])
+    section = published_report.build_section(csv=path)
+    assert section.summary["rows"] == 0 and len(section.summary["excluded"]) == 2
+    assert "can be predicted" in "\n".join(section.markdown) and "Blackwell" in "\n".join(section.markdown)
+
+
+def test_validate_with_only_a_published_csv_writes_that_section_and_its_plot(tmp_path, capsys):
+    path = write_csv(tmp_path / "held.csv", [_row(source="HO", batch=32, value=3000),
+                                             _row(source="HO", batch=1, prompt=2048, gen=1, metric="ttft_ms", value=30)])
+    out = tmp_path / "v"
+    assert validate.main(["--out", str(out), "--no-measured", "--no-references", "--published-gpu", str(path),
+                          "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["published_gpu"]["rows"] == 2 and summary["published_gpu"]["held_out"]["points"] == 2
+    report = (out / "validation-report.md").read_text()
+    assert "Published GPU measurements" in report and "Summary" not in report
+    assert (out / "published-gpu-parity.png").stat().st_size > 10_000
+    assert validate.main(["--out", str(out), "--no-measured", "--no-references", "--no-published-gpu"]) == 2
+    assert "nothing to validate" in capsys.readouterr().err

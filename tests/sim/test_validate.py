@@ -197,7 +197,7 @@ def test_cli_error_paths(tmp_path, capsys):
     assert rc == 2 and "--threshold" in err
     rc, _, err = run_cli(["--bogus"], capsys)
     assert rc == 2 and err.startswith("error: ")
-    rc, _, err = run_cli(["--no-references", "--no-measured", "--out", tmp_path / "r"], capsys)
+    rc, _, err = run_cli(["--no-references", "--no-measured", "--no-published-gpu", "--out", tmp_path / "r"], capsys)
     assert rc == 2 and "nothing to validate" in err
     bad = tmp_path / "broken.csv"
     bad.write_text("id,paper\nx,y\n")

@@ -1,6 +1,7 @@
 """sim.validation.multigpu: the published tp > 1 rows against sim.parallel."""
 import pytest
 
+from sim.models import load_model
 from sim.validation import multigpu
 from sim.validation import published_gpu as pg
 
@@ -13,7 +14,7 @@ def test_itl_from_notes():
 
 
 def test_llama3_70b_shapes():
-    m = multigpu.llama3_70b()
+    m = load_model("meta/llama-3.3-70b-instruct (NIM 1.8.0)")       # the NIM row's label
     assert (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.d_ff, m.vocab_size) == (80, 8192, 64, 8, 28672, 128256)
     assert m.n_params() == pytest.approx(70.6e9, rel=0.01)
 
