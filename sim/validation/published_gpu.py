@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CSV_NAME = "gpu-published-train.csv"
 COLUMNS = ("source", "hw", "model", "stack", "weight_dtype", "kv_dtype", "tp", "batch", "prompt", "gen", "metric",
            "value", "notes")
+OPTIONAL_COLUMNS = ("notes",)
 METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s")
 REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
 
@@ -158,7 +159,7 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
-    missing = [c for c in COLUMNS if c not in table.columns]
+    missing = [c for c in COLUMNS if c not in table.columns and c not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}")
     if not len(table):
@@ -171,7 +172,7 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         if metric not in METRICS:
             raise ValueError(f"{where}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
         try:
-            value = float(r["value"])
+            value = float(r["value"].replace(",", "").strip())     # "8,950" as tables print it
         except ValueError:
             raise ValueError(f"{where}: value {r['value']!r} is not a number") from None
         if not value > 0:
@@ -202,7 +203,7 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
                         stack=r["stack"].strip(), engine=_engine(r["stack"]), hw=hw, model=model,
                         weight_dtype=dtype_name(weight_dtype), kv_dtype=dtype_name(kv_dtype), tp=tp, batch=batch,
                         prompt=prompt, gen=gen, metric=metric, value=value,
-                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope, notes=r["notes"].strip()))
+                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope, notes=str(r.get("notes", "")).strip()))
     return rows
 
 

@@ -365,3 +365,14 @@ def test_validate_with_only_a_published_csv_writes_that_section_and_its_plot(tmp
     assert (out / "published-gpu-parity.png").stat().st_size > 10_000
     assert validate.main(["--out", str(out), "--no-measured", "--no-references", "--no-published-gpu"]) == 2
     assert "nothing to validate" in capsys.readouterr().err
+
+
+def test_loader_reads_tables_as_printed_without_notes(tmp_path):
+    path = tmp_path / "p.csv"
+    cols = [c for c in HEADER if c != "notes"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerow({k: v for k, v in _row(value="8,950").items() if k in cols})
+    (row,) = pg.load_rows(path)
+    assert row.value == 8950 and row.notes == "" and row.scope == "single-device"
