@@ -32,7 +32,13 @@ def resolve(name_or_path) -> Path:
                 return candidate
         if Path(text).is_file():
             return Path(text)
-        raise HardwareFileError(text, None, "unknown device name; shipped devices: "
+        # a name as published tables print it ("H100 SXM5 80GB"): hwmodels/sku-names.yaml's rules
+        from .skus import resolve_sku
+        device, why = resolve_sku(text)
+        if device is not None:
+            return DEVICES_DIR / f"{device}.yaml"
+        hint = "" if why.startswith("no hardware file for") else f" ({why})"
+        raise HardwareFileError(text, None, f"unknown device name{hint}; shipped devices: "
                                 + ", ".join(list_devices()) + " (or give a path to a .yaml file)")
     path = Path(text).expanduser()
     if not path.exists():

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import yaml
 
-from .registry import list_devices
-
 SKU_FILE = Path(__file__).with_name("sku-names.yaml")
+
+
+def list_devices() -> list[str]:
+    """The shipped hardware files' names (registry.list_devices, which imports this module: no cycle)."""
+    return sorted(p.stem for p in SKU_FILE.with_name("devices").glob("*.y*ml"))
 
 
 @lru_cache(maxsize=1)

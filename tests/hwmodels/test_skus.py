@@ -26,3 +26,11 @@ def test_variants_without_a_file_say_why(label, why):
 def test_every_rule_names_a_shipped_file_or_none():
     rules = skus._rules()
     assert rules and all(device is None or device in list_devices() for _, device, _ in rules)
+
+
+def test_load_device_accepts_published_names_and_says_why_not():
+    from hwmodels import HardwareFileError, load_device
+    assert load_device("H100 SXM5 80GB").name == load_device("h100-sxm").name
+    with pytest.raises(HardwareFileError, match="PCIe"):
+        load_device("H100 PCIe")
+    assert skus.list_devices() == list_devices()
