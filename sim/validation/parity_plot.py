@@ -58,25 +58,35 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
         values = np.concatenate([df["measured"].to_numpy(float), df["predicted"].to_numpy(float)])
         values = values[np.isfinite(values) & (values > 0)]
         lo, hi = (values.min() / 1.5, values.max() * 1.5) if len(values) else (0.1, 10)
-        line = np.geomspace(lo, hi, 50)
-        ax.plot(line, line, color="black", lw=0.8)
-        ax.fill_between(line, line * (1 - threshold / 100), line * (1 + threshold / 100), color="grey", alpha=0.15,
-                        label=f"+-{threshold:g}%")
-        log_axes(ax, lo, hi)
-        ax.set_xlabel("measured / published")
-        ax.set_ylabel("predicted")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.2)
+        parity_axes(ax, lo, hi, threshold, "measured / published", title)
+    finish(fig, axes, path, "kvsim validation: predicted vs measured (red ring: error above threshold)", ncol=2,
+           legend_scale=0.022, top=0.97)
+
+
+def parity_axes(ax, lo: float, hi: float, band_pct: float, xlabel: str, title: str) -> None:
+    """y = x, the +-band_pct band, log axes over [lo, hi], labels and grid."""
+    line = np.geomspace(lo, hi, 50)
+    ax.plot(line, line, color="black", lw=0.8)
+    ax.fill_between(line, line * (1 - band_pct / 100), line * (1 + band_pct / 100), color="grey", alpha=0.15,
+                    label=f"+-{band_pct:g}%")
+    log_axes(ax, lo, hi)
+    ax.set(xlabel=xlabel, ylabel="predicted", title=title)
+    ax.grid(True, which="both", alpha=0.2)
+
+
+def finish(fig, axes, path: Path, title: str, ncol: int, legend_scale: float, top: float) -> None:
+    """One legend for all panels (each label once) under them, the title, and an atomic PNG write."""
+    import matplotlib.pyplot as plt
     handles, labels = [], []
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
-    fig.suptitle("kvsim validation: predicted vs measured (red ring: error above threshold)", fontsize=10)
-    legend_rows = (len(labels) + 1) // 2
-    fig.tight_layout(rect=(0, min(0.4, 0.022 * legend_rows * 2 / nrows + 0.02), 1, 0.97))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    legend_rows = (len(labels) + ncol - 1) // ncol
+    fig.tight_layout(rect=(0, min(0.4, legend_scale * legend_rows * 2 / axes.shape[0] + 0.02), 1, top))
     atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None}))
     plt.close(fig)
 

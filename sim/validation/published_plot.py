@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.cli import atomic_writer
-from sim.validation.parity_plot import log_axes
+from sim.validation.parity_plot import finish, parity_axes
 
 PLOT_NAME = "published-gpu-parity.png"
 PANELS = (("out_tok_per_s", "output tokens/s"), ("ttft_ms", "time to first token (ms)"),
@@ -61,23 +60,7 @@ def parity_plot(table: pd.DataFrame, multi: list[dict], path: Path) -> bool:
         flat = np.concatenate([np.asarray(v, float) for v in values]) if values else np.array([1.0])
         flat = flat[np.isfinite(flat) & (flat > 0)]
         lo, hi = flat.min() / 1.4, flat.max() * 1.4
-        line = np.geomspace(lo, hi, 50)
-        ax.plot(line, line, color="black", lw=0.8)
-        ax.fill_between(line, line * (1 - BAND_PCT / 100), line * (1 + BAND_PCT / 100), color="grey", alpha=0.15,
-                        label=f"+-{BAND_PCT:g}%")
-        log_axes(ax, lo, hi)
-        ax.set(xlabel="published", ylabel="predicted", title=title)
-        ax.grid(True, which="both", alpha=0.2)
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    fig.suptitle("kvsim engine profiles vs published GPU measurements (line: in-sample to leave-one-source-out)",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, min(0.35, 0.03 * ((len(labels) + 2) // 3) * 2 / nrows + 0.02), 1, 0.95))
-    atomic_writer(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None}))
-    plt.close(fig)
+        parity_axes(ax, lo, hi, BAND_PCT, "published", title)
+    finish(fig, axes, path, "kvsim engine profiles vs published GPU measurements (line: in-sample to "
+           "leave-one-source-out)", ncol=3, legend_scale=0.03, top=0.95)
     return True
