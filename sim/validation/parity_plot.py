@@ -40,13 +40,8 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
         panels = [("no points", points)]
     sources = list(dict.fromkeys(points["source"]))
     marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(sources)}
-    colors = plt.get_cmap("tab10")
-    color = {s: colors(i % 10) for i, s in enumerate(sources)}
-    ncols = min(2, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 4.8 * nrows + 1.0), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
+    color = palette(sources)
+    fig, axes = panel_grid(len(panels), 4.8)
     for ax, (title, df) in zip(axes.flat, panels):
         for source, group in df.groupby("source", sort=False):
             flagged = is_flagged(group, threshold)
@@ -61,6 +56,24 @@ def parity_plot(points: pd.DataFrame, path: Path, threshold: float) -> None:
         parity_axes(ax, lo, hi, threshold, "measured / published", title)
     finish(fig, axes, path, "kvsim validation: predicted vs measured (red ring: error above threshold)", ncol=2,
            legend_scale=0.022, top=0.97)
+
+
+def palette(keys) -> dict:
+    """A tab10 colour per key, in order."""
+    import matplotlib.pyplot as plt
+    colors = plt.get_cmap("tab10")
+    return {k: colors(i % 10) for i, k in enumerate(keys)}
+
+
+def panel_grid(n: int, panel_height: float):
+    """A figure of n panels, two per row (unused cells hidden): (fig, axes array)."""
+    import matplotlib.pyplot as plt
+    ncols = min(2, n)
+    nrows = (n + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, panel_height * nrows + 1.0), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
 
 
 def parity_axes(ax, lo: float, hi: float, band_pct: float, xlabel: str, title: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.validation.parity_plot import finish, parity_axes
+from sim.validation.parity_plot import finish, palette, panel_grid, parity_axes
 
 PLOT_NAME = "published-gpu-parity.png"
 PANELS = (("out_tok_per_s", "output tokens/s"), ("ttft_ms", "time to first token (ms)"),
@@ -21,7 +21,6 @@ def parity_plot(table: pd.DataFrame, multi: list[dict], path: Path) -> bool:
     """Write the plot; False (nothing written) when there are no rows to draw."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     multi_df = pd.DataFrame([m for m in multi or [] if not m.get("error")])
     panels = []
@@ -33,13 +32,8 @@ def parity_plot(table: pd.DataFrame, multi: list[dict], path: Path) -> bool:
     if not panels:
         return False
     regimes = sorted(set(table["regime"])) if len(table) else []
-    colors = plt.get_cmap("tab10")
-    color = {g: colors(i % 10) for i, g in enumerate(regimes)}
-    ncols = min(2, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 4.6 * nrows + 1.0), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
+    color = palette(regimes)
+    fig, axes = panel_grid(len(panels), 4.6)
     for ax, (title, rows, extra) in zip(axes.flat, panels):
         values = [rows["measured"], rows["predicted"], rows["loso"]] if len(rows) else []
         for regime, group in rows.groupby("regime", sort=True) if len(rows) else []:
