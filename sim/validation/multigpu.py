@@ -37,8 +37,8 @@ def rows(csv=None) -> list[dict]:
         if r.tp <= 1:
             continue
         notes = r.notes
-        if r.hw is None or r.model is None:
-            continue                                    # no hardware file or model spec: out of scope (r.scope)
+        if r.hw is None or r.model is None or r.engine is None:
+            continue                                    # no hardware file, model spec or profile: r.scope says which
         # in-flight batching at maximum load ("dynamic"): the steady-state batch of the TP group's KV pool,
         # predicted as that fixed batch (its prefill and decode steps; published_gpu's steady state)
         batch = r.batch if r.batch is not None else pg.steady_state_batch(r)

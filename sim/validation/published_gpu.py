@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ class Row:
     hw_label: str
     model_label: str
     stack: str
-    engine: str             # the profile of its stack: "trtllm" | "vllm"
+    engine: str | None      # the profile of its stack: "trtllm" | "vllm" (None: no profile for it)
     hw: str | None          # hardware file, None when none is shipped
     model: str | None
     weight_dtype: str
@@ -118,10 +119,16 @@ class Row:
         return f"{self.source}/{self.hw}/{self.model}/{b}/{self.prompt}+{self.gen}/{self.metric}"
 
 
-def _engine(stack: str) -> str:
-    """The profile of the stack that ran: vLLM rows -> vllm, everything else (TensorRT-LLM, NIM's
-    TensorRT-LLM profile) -> trtllm."""
-    return "vllm" if "vllm" in stack.lower() else "trtllm"
+# The stacks each engine profile stands for (a stack column containing one of these words, case-insensitive).
+# NIM runs TensorRT-LLM profiles; a stack none names (SGLang, DeepSpeed-FastGen, ...) has no profile of its own
+# and its rows are not predicted under another stack's terms.
+STACK_WORDS = ((r"\bvllm\b", "vllm"), (r"\btensorrt", "trtllm"), (r"\btrt-?llm\b", "trtllm"), (r"\bnim\b", "trtllm"))
+
+
+def _engine(stack: str) -> str | None:
+    """The profile of the stack that ran (STACK_WORDS), None when no profile stands for it."""
+    text = stack.lower()
+    return next((engine_name for word, engine_name in STACK_WORDS if re.search(word, text)), None)
 
 
 def _dtype(text: str) -> str:
@@ -193,6 +200,9 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         scope = "single-device"
         if bad_dtype:
             scope = bad_dtype
+        elif _engine(r["stack"]) is None:
+            scope = (f"no engine profile for stack {r['stack'].strip()!r} (TensorRT-LLM and NIM rows: trtllm, vLLM rows: "
+                     "vllm)")
         elif hw is None:
             scope = f"{r['hw'].strip()!r}: {hw_why}"
         elif model is None:

@@ -346,9 +346,13 @@ def test_held_out_csv_resolves_published_names_and_says_why_it_skips_a_row(tmp_p
 
 
 def test_held_out_csv_with_no_predictable_row_still_reports(tmp_path):
-    path = write_csv(tmp_path / "none.csv", [_row(hw="B200"), _row(model="tiiuae/falcon-180B")])
+    path = write_csv(tmp_path / "none.csv", [_row(hw="B200"), _row(model="tiiuae/falcon-180B"),
+                                             _row(stack="SGLang 0.4"), _row(stack="SGLang 0.4", tp=2)])
+    rows = pg.load_rows(path)
+    assert rows[2].engine is None and "no engine profile for stack 'SGLang 0.4'" in rows[2].scope
     section = published_report.build_section(csv=path)
-    assert section.summary["rows"] == 0 and len(section.summary["excluded"]) == 2
+    assert section.summary["rows"] == 0 and len(section.summary["excluded"]) == 4
+    assert not section.summary["multi_gpu"]              # the tp = 2 SGLang row is not predicted under trtllm
     assert "can be predicted" in "\n".join(section.markdown) and "Blackwell" in "\n".join(section.markdown)
 
 
