@@ -45,6 +45,8 @@ CSV_NAME = "gpu-published-train.csv"
 COLUMNS = ("source", "hw", "model", "stack", "weight_dtype", "kv_dtype", "tp", "batch", "prompt", "gen", "metric",
            "value", "notes")
 OPTIONAL_COLUMNS = ("notes",)
+# batch column words for in-flight batching at maximum load (the steady state below) instead of a fixed batch
+DYNAMIC_BATCH_WORDS = ("dynamic", "ifb", "inflight", "in-flight", "max", "max-load")
 METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s")
 REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
 
@@ -185,7 +187,8 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         if not value > 0:
             raise ValueError(f"{where}: value must be positive, got {value:g}")
         tp = _int(r["tp"], "tp", where)
-        batch = None if r["batch"].strip().lower() == "dynamic" else _int(r["batch"], "batch", where)
+        dynamic = r["batch"].strip().lower().split(" ")[0] in DYNAMIC_BATCH_WORDS
+        batch = None if dynamic else _int(r["batch"], "batch", where)
         prompt, gen = _int(r["prompt"], "prompt", where), _int(r["gen"], "gen", where)
         for what, n in (("tp", tp), ("batch", batch), ("prompt", prompt), ("gen", gen)):
             if n is not None and n <= 0:
