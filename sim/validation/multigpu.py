@@ -34,11 +34,9 @@ def rows(csv=None) -> list[dict]:
     becomes a metric of its own (tpot_ms)."""
     out = []
     for r in pg.load_rows(csv):
-        if r.tp <= 1:
-            continue
+        if r.tp <= 1 or not r.scope.startswith(f"tp={r.tp}:"):
+            continue            # one device, or another reason first (no hardware file, spec, profile; metric)
         notes = r.notes
-        if r.hw is None or r.model is None or r.engine is None:
-            continue                                    # no hardware file, model spec or profile: r.scope says which
         # in-flight batching at maximum load ("dynamic"): the steady-state batch of the TP group's KV pool,
         # predicted as that fixed batch (its prefill and decode steps; published_gpu's steady state)
         batch = r.batch if r.batch is not None else pg.steady_state_batch(r)
@@ -47,7 +45,7 @@ def rows(csv=None) -> list[dict]:
                     hw=r.hw, model=r.model, model_label=r.model_label, tp=r.tp, batch=batch, prompt=r.prompt,
                     gen=r.gen, weight_dtype=r.weight_dtype, kv_dtype=r.kv_dtype, engine=r.engine, runtime=r.runtime)
         out.append(dict(base, metric=r.metric, measured=r.value))
-        if itl_ms(notes) is not None:
+        if itl_ms(notes) is not None and r.metric != "tpot_ms":
             out.append(dict(base, metric="tpot_ms", measured=itl_ms(notes)))
     return out
 

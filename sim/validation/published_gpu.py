@@ -12,6 +12,7 @@ Metrics:
                  below.
   ttft_ms        prefill of the batch, first token (engine ttft_s).
   e2e_latency_s  whole-batch end-to-end time.
+  tpot_ms        mean time per output token of the fixed batch (itl_ms: the same).
 
 Steady state of in-flight batching at saturation (TensorRT-LLM's trtllm-bench at infinite request
 rate): the scheduler admits requests while their whole reservation fits the KV pool
@@ -47,7 +48,10 @@ COLUMNS = ("source", "hw", "model", "stack", "weight_dtype", "kv_dtype", "tp", "
 OPTIONAL_COLUMNS = ("notes",)
 # batch column words for in-flight batching at maximum load (the steady state below) instead of a fixed batch
 DYNAMIC_BATCH_WORDS = ("dynamic", "ifb", "inflight", "in-flight", "max", "max-load")
-METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s")
+METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s", "tpot_ms")
+# other spellings of the same metrics (units included: a name without its unit is not guessed)
+METRIC_ALIASES = {"itl_ms": "tpot_ms", "output_tok_per_s": "out_tok_per_s", "out_tokens_per_s": "out_tok_per_s",
+                  "output_tokens_per_s": "out_tok_per_s"}
 REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
 
 # Published SKU names -> hardware files: hwmodels/sku-names.yaml (hwmodels.skus; the A100 of TRT090 is taken
@@ -177,9 +181,7 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
     rows = []
     for i, r in enumerate(table.to_dict("records"), start=1):
         where = f"{path.name} row {i}"
-        metric = r["metric"].strip()
-        if metric not in METRICS:
-            raise ValueError(f"{where}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
+        metric = METRIC_ALIASES.get(r["metric"].strip().lower(), r["metric"].strip().lower())
         try:
             value = float(r["value"].replace(",", "").strip())     # "8,950" as tables print it
         except ValueError:
@@ -201,7 +203,11 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         bad_dtype = next((f"{what} dtype {d!r} is not one kvsim models ({', '.join(DTYPES)})"
                           for what, d in (("weight", weight_dtype), ("KV", kv_dtype)) if dtype_name(d) not in DTYPES), None)
         scope = "single-device"
-        if bad_dtype:
+        if metric not in METRICS:
+            scope = f"metric {r['metric'].strip()!r} is not one kvsim predicts ({', '.join(METRICS)})"
+        elif batch is None and metric != "out_tok_per_s":
+            scope = f"in-flight batching rows are predicted as out_tok_per_s only, not {metric}"
+        elif bad_dtype:
             scope = bad_dtype
         elif _engine(r["stack"]) is None:
             scope = (f"no engine profile for stack {r['stack'].strip()!r} (TensorRT-LLM and NIM rows: trtllm, vLLM rows: "
@@ -234,6 +240,8 @@ def _static(row: Row, profile) -> float:
         return float(out["ttft_s"][0]) * 1e3
     if row.metric == "e2e_latency_s":
         return float(out["e2e_s"][0])
+    if row.metric == "tpot_ms":
+        return float(out["tpot_s"][0]) * 1e3
     return float(out["tokens_per_s"][0])
 
 
