@@ -151,10 +151,11 @@ def _int(text: str, what: str, where: str) -> int:
 
 def regime_of(metric: str, batch: int | None, prompt: int, gen: int, gqa: bool) -> str:
     """One regime per row, first match wins:
-    prefill-ttft (TTFT of a prompt >= 1024, or a throughput row of >= 1024-token prompts and <= 128
-    generated tokens: prefill-bound), long-context (prompt + gen >= 4096), batch-1, gqa-large-batch
+    prefill-ttft (TTFT of a prompt >= 1024, or a throughput or end-to-end row of >= 1024-token prompts and
+    <= 128 generated tokens: prefill-bound; a time-per-token row is decode whatever its prompt), long-context (prompt + gen >= 4096), batch-1, gqa-large-batch
     (grouped-query model), large-batch-decode."""
-    if (metric == "ttft_ms" and prompt >= 1024) or (metric != "ttft_ms" and prompt >= 1024 and gen <= 128):
+    if (metric == "ttft_ms" and prompt >= 1024) or (metric in ("out_tok_per_s", "e2e_latency_s") and prompt >= 1024
+                                                     and gen <= 128):
         return "prefill-ttft"
     if prompt + gen >= 4096:
         return "long-context"
