@@ -79,5 +79,6 @@ def resolve_name(label: str) -> Resolution:
     hit = next((name for name in unsupported if key == name or key.startswith(name + "-")), None)
     if hit is not None:
         return Resolution(text, None, f"{text!r} is {unsupported[hit]}")
-    return Resolution(text, None, f"no shipped spec for {text!r} (normal form {key!r}; shipped: {', '.join(sorted(shipped))}; "
-                                  "names: sim/models/names.yaml, or give a path to a config.json)")
+    return Resolution(text, None, f"no shipped spec for {text!r} (normal form {key!r}; shipped: "
+                                  f"{', '.join(sorted(shipped))}; names: sim/models/names.yaml, or give a path to a "
+                                  "config.json)")

@@ -1,10 +1,13 @@
 """The multi-GPU rows of the published measurements (tp > 1) against sim.parallel's predictions.
 
 `sim.validation.published_gpu` reads the CSV (hardware and model names resolved there) and leaves rows with
-tp > 1 out of the single-device scope; this module predicts them with tensor parallelism: NVIDIA NIM's Llama-3.3-70B on 2x H100 SXM (TTFT and the
-inter-token latency of its notes) and AMD's Llama-3.1-70B on 8x MI300X (whole-batch end-to-end latency).
-Each row is predicted under its stack's engine profile (published_gpu: vLLM rows -> vllm, NIM -> trtllm)
-and under `fused` (ideal kernels) for reference.
+tp > 1 out of the single-device scope; this module predicts them with tensor parallelism: in the training CSV,
+NVIDIA NIM's Llama-3.3-70B on 2x H100 SXM (TTFT and the inter-token latency of its notes) and AMD's
+Llama-3.1-70B on 8x MI300X (whole-batch end-to-end latency). A row in-flight batched at maximum load
+("dynamic") runs at the TP group's steady-state batch (published_gpu.steady_state_batch). Each row is
+predicted under its stack's engine profile (published_gpu: vLLM rows -> vllm, TensorRT-LLM and NIM ->
+trtllm, TensorRT-LLM 1.0's PyTorch backend under its runtime) and under `fused` (ideal kernels) for reference.
+The published-GPU section of `python -m sim.validate` shows the same rows, held out (never fitted).
 
     python -m sim.validation.multigpu [--csv PATH] [--json]
 """

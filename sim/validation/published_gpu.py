@@ -152,7 +152,8 @@ def _int(text: str, what: str, where: str) -> int:
 def regime_of(metric: str, batch: int | None, prompt: int, gen: int, gqa: bool) -> str:
     """One regime per row, first match wins:
     prefill-ttft (TTFT of a prompt >= 1024, or a throughput or end-to-end row of >= 1024-token prompts and
-    <= 128 generated tokens: prefill-bound; a time-per-token row is decode whatever its prompt), long-context (prompt + gen >= 4096), batch-1, gqa-large-batch
+    <= 128 generated tokens: prefill-bound; a time-per-token row is decode whatever its prompt),
+    long-context (prompt + gen >= 4096), batch-1, gqa-large-batch
     (grouped-query model), large-batch-decode."""
     if (metric == "ttft_ms" and prompt >= 1024) or (metric in ("out_tok_per_s", "e2e_latency_s") and prompt >= 1024
                                                      and gen <= 128):
@@ -223,7 +224,8 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
                         stack=r["stack"].strip(), engine=_engine(r["stack"]), hw=hw, model=model,
                         weight_dtype=dtype_name(weight_dtype), kv_dtype=dtype_name(kv_dtype), tp=tp, batch=batch,
                         prompt=prompt, gen=gen, metric=metric, value=value,
-                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope, notes=str(r.get("notes", "")).strip()))
+                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope,
+                        notes=str(r.get("notes", "")).strip()))
     return rows
 
 

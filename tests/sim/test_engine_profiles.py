@@ -380,7 +380,8 @@ def test_loader_reads_tables_as_printed_without_notes(tmp_path):
         w.writerow({k: v for k, v in _row(value="8,950").items() if k in cols})
     (row,) = pg.load_rows(path)
     assert row.value == 8950 and row.notes == "" and row.scope == "single-device"
-    rows = pg.load_rows(write_csv(tmp_path / "d.csv", [_row(batch=b) for b in ("dynamic", "IFB", "max load", "1 (concurrency)")]))
+    batches = ("dynamic", "IFB", "max load", "1 (concurrency)")
+    rows = pg.load_rows(write_csv(tmp_path / "d.csv", [_row(batch=b) for b in batches]))
     assert [r.batch for r in rows] == [None, None, None, 1]
     rows = pg.load_rows(write_csv(tmp_path / "m.csv", [_row(metric="ITL_ms", value=12), _row(metric="req_per_s"),
                                                         _row(metric="ttft_ms", batch="dynamic")]))
