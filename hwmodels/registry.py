@@ -8,17 +8,13 @@ from pathlib import Path
 from .device import Device
 from .errors import HardwareFileError
 from .schema import load_yaml, parse
+from .shipped import DEVICES_DIR, SUFFIXES, list_devices
+from .skus import rule_for
 
-DEVICES_DIR = Path(__file__).resolve().parent / "devices"
-SUFFIXES = (".yaml", ".yml")
+__all__ = ["DEVICES_DIR", "SUFFIXES", "list_devices", "resolve", "load_device"]
 
 # (resolved path, mtime_ns, size) -> Device; sweeps load the same file many times.
 _cache: dict[tuple, Device] = {}
-
-
-def list_devices() -> list[str]:
-    """Names of the shipped hardware files, sorted."""
-    return sorted(p.stem for p in DEVICES_DIR.iterdir() if p.suffix in SUFFIXES and p.is_file())
 
 
 def resolve(name_or_path) -> Path:
@@ -33,11 +29,10 @@ def resolve(name_or_path) -> Path:
         if Path(text).is_file():
             return Path(text)
         # a name as published tables print it ("H100 SXM5 80GB"): hwmodels/sku-names.yaml's rules
-        from .skus import resolve_sku
-        device, why = resolve_sku(text)
-        if device is not None:
-            return DEVICES_DIR / f"{device}.yaml"
-        hint = "" if why.startswith("no hardware file for") else f" ({why})"
+        rule = rule_for(text)
+        if rule is not None and rule[0] is not None:
+            return DEVICES_DIR / f"{rule[0]}.yaml"
+        hint = "" if rule is None else f" ({rule[1]})"
         raise HardwareFileError(text, None, f"unknown device name{hint}; shipped devices: "
                                 + ", ".join(list_devices()) + " (or give a path to a .yaml file)")
     path = Path(text).expanduser()

@@ -8,12 +8,9 @@ from pathlib import Path
 
 import yaml
 
+from .shipped import list_devices
+
 SKU_FILE = Path(__file__).with_name("sku-names.yaml")
-
-
-def list_devices() -> list[str]:
-    """The shipped hardware files' names (registry.list_devices, which imports this module: no cycle)."""
-    return sorted(p.stem for p in SKU_FILE.with_name("devices").glob("*.y*ml"))
 
 
 @lru_cache(maxsize=1)
@@ -36,13 +33,19 @@ def _rules() -> tuple[tuple[re.Pattern, str | None, str], ...]:
     return tuple(rules)
 
 
+def rule_for(label: str) -> tuple[str | None, str] | None:
+    """(hardware file name or None, why) of the first rule that matches the label; None when none does."""
+    text = str(label).strip()
+    return next(((device, why) for pattern, device, why in _rules() if pattern.search(text)), None)
+
+
 def resolve_sku(label: str) -> tuple[str | None, str]:
     """(hardware file name or None, why): a shipped file's own name is itself; else the first rule that
-    matches the label; no rule: None."""
+    matches the label (rule_for); no rule: None."""
     text = str(label).strip()
     if text.lower() in set(list_devices()):
         return text.lower(), "hardware file name"
-    for pattern, device, why in _rules():
-        if pattern.search(text):
-            return device, why
+    rule = rule_for(text)
+    if rule is not None:
+        return rule
     return None, f"no hardware file for {text!r} (rules: hwmodels/sku-names.yaml; files: {', '.join(list_devices())})"
