@@ -4,7 +4,8 @@
     resolve_name("mistralai/Mixtral-8x7B-v0.1")         -> Resolution(spec=None, reason="a mixture-of-experts ...")
 
 `sim.models.load_model` falls back to it for a name that is neither a shipped spec nor a path; the published-GPU
-rows (sim/validation/published_gpu.py) map their `model` column with it.
+rows (sim/validation/published_gpu.py) map their `model` column with it. The shipped specs' folder and names
+(MODELS_DIR, list_models) live here, below sim.models, which re-exports them.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-NAMES_FILE = Path(__file__).with_name("models") / "names.yaml"
+MODELS_DIR = Path(__file__).with_name("models")
+NAMES_FILE = MODELS_DIR / "names.yaml"
 # words that name a fine-tune or a quantisation, not a shape (the row's dtypes say the quantisation)
 NEUTRAL_WORDS = frozenset({"instruct", "chat", "hf", "base", "it", "meta", "fp8", "kv", "awq", "gptq", "int4", "int8",
                            "w4a16", "w8a8", "fp16", "bf16"})
@@ -37,6 +39,11 @@ def normal_form(label: str) -> str:
     return "-".join(words)
 
 
+def list_models() -> list[str]:
+    """The shipped specs' names (sim/models/*.json), sorted."""
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
 @lru_cache(maxsize=1)
 def _table() -> tuple[dict, dict]:
     """(name -> (spec, note), name -> reason) from names.yaml; names stored in their normal form too."""
@@ -48,7 +55,7 @@ def _table() -> tuple[dict, dict]:
         raise ValueError(f"{NAMES_FILE}: expected a mapping with a 'specs' section")
     known, unsupported = {}, {}
     for spec, entry in data["specs"].items():
-        if not (NAMES_FILE.parent / f"{spec}.json").is_file():
+        if not (MODELS_DIR / f"{spec}.json").is_file():
             raise ValueError(f"{NAMES_FILE}: spec {spec!r} has no sim/models/{spec}.json")
         for name in entry.get("names") or []:
             for key in (str(name).lower(), normal_form(name)):
@@ -62,7 +69,7 @@ def _table() -> tuple[dict, dict]:
 def resolve_name(label: str) -> Resolution:
     """The shipped spec a model label names (see names.yaml's rules); spec None with the reason otherwise."""
     text = str(label).strip()
-    shipped = {p.stem for p in NAMES_FILE.parent.glob("*.json")}     # sim.models.list_models (which imports this)
+    shipped = set(list_models())
     known, unsupported = _table()
     if text.lower() in shipped:
         return Resolution(text, text.lower(), "shipped spec")
@@ -80,5 +87,5 @@ def resolve_name(label: str) -> Resolution:
     if hit is not None:
         return Resolution(text, None, f"{text!r} is {unsupported[hit]}")
     return Resolution(text, None, f"no shipped spec for {text!r} (normal form {key!r}; shipped: "
-                                  f"{', '.join(sorted(shipped))}; names: sim/models/names.yaml, or give a path to a "
+                                  f"{', '.join(list_models())}; names: sim/models/names.yaml, or give a path to a "
                                   "config.json)")

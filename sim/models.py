@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from hwmodels.dtypes import dtype_bytes
+from sim.model_names import MODELS_DIR, list_models, resolve_name  # noqa: F401  (list_models: sim.models' API)
 
-MODELS_DIR = Path(__file__).with_name("models")
 POSITIONAL = ("rope", "alibi", "learned")
 
 
@@ -275,10 +275,6 @@ def _sliding_layers(cfg: dict, model_type: str, n_layers: int, where: str) -> tu
     return ()
 
 
-def list_models() -> list[str]:
-    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
-
-
 def load_model(name_or_path) -> ModelSpec:
     """A shipped name (see list_models()), a path to an HF config.json, a folder holding one, or a published /
     Hugging Face name of a shipped spec (sim.model_names)."""
@@ -292,7 +288,6 @@ def load_model(name_or_path) -> ModelSpec:
     if not path.is_file():
         # not a shipped spec nor a file: a published or Hugging Face name ("meta-llama/Llama-3.1-70B-Instruct")
         # of a shipped spec (sim/models/names.yaml), else the error that names what was tried
-        from sim.model_names import resolve_name
         resolved = None if path.exists() or key.endswith(".json") or key.startswith(("/", ".", "~")) else resolve_name(key)
         if resolved is not None and resolved.spec is not None:
             return load_model(resolved.spec)
