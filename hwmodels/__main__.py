@@ -6,9 +6,11 @@ import sys
 
 from kvcommon.cli import OneLineParser, fail
 
+from .device import CURVE_TABLES
 from .dtypes import DTYPES
 from .errors import HardwareFileError
 from .registry import list_devices, load_device
+from .schema import CURVE_SIZE_KIND
 from .units import format_quantity
 
 # Sizes at which `show` samples the efficiency curves (bytes, FLOPs).
@@ -16,13 +18,9 @@ SAMPLE_BYTES = (1e5, 1e6, 1e7, 1e8, 1e9)
 SAMPLE_FLOPS = (1e7, 1e9, 1e11, 1e12)
 
 
-# Optional tables (file key, Device attribute, unit of their sizes), shown point by point when present.
-TABLES = (("gemm_rows_efficiency", "gemm_rows_curve", "rows"),
-          ("gemm_rows_in_out_efficiency", "gemm_rows_in_out_curve", "rows"),
-          ("attn_scores_efficiency", "attn_scores_curve", "head_dim"),
-          ("attn_values_efficiency", "attn_values_curve", "head_dim"),
-          ("sdpa_decode_efficiency", "sdpa_decode_curve", "head_dim"),
-          ("fresh_alloc_efficiency", "fresh_alloc_curve", "bytes"))
+# Optional tables (file key, CalibratedTables attribute, unit of their sizes), shown point by point when present.
+TABLES = tuple((key, attr, "bytes" if CURVE_SIZE_KIND[key] == "size" else CURVE_SIZE_KIND[key])
+               for key, attr in CURVE_TABLES)
 LONG_FIELDS = ("bw_efficiency", "compute_efficiency", *(key for key, _, _ in TABLES))
 
 

@@ -109,19 +109,16 @@ class CalibratedTables:
         two (measured 2026-12-01: GPT-2 small at batch 4 and 3000 tokens, 37 MB per layer's K, was
         predicted 46% fast that way)."""
         curve = self.fresh_alloc_curve
-        if curve is None:
-            return _factor(None, nbytes)
-        sizes, fractions = np.asarray(curve.sizes, dtype=float), np.log(np.asarray(curve.fractions, dtype=float))
+        sizes = None if curve is None else np.asarray(curve.sizes, dtype=float)
+        if sizes is None or (sizes <= MMAP_THRESHOLD_MAX).all() or (sizes > MMAP_THRESHOLD_MAX).all():
+            return _factor(curve, nbytes)     # no table, or all its sizes on one side: the curve as it is
+        fractions = np.log(np.asarray(curve.fractions, dtype=float))
         x = np.log(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
         heap, mapped = sizes <= MMAP_THRESHOLD_MAX, sizes > MMAP_THRESHOLD_MAX
-        if not heap.any() or not mapped.any():
-            value = np.exp(np.interp(x, np.log(sizes), fractions))
-        else:
-            below = np.interp(x, np.log(sizes[heap]), fractions[heap])
-            above = np.interp(x, np.log(sizes[mapped]), fractions[mapped])
-            value = np.exp(np.where(np.asarray(nbytes, dtype=float) > MMAP_THRESHOLD_MAX, above, below))
+        below = np.interp(x, np.log(sizes[heap]), fractions[heap])
+        above = np.interp(x, np.log(sizes[mapped]), fractions[mapped])
+        value = np.exp(np.where(np.asarray(nbytes, dtype=float) > MMAP_THRESHOLD_MAX, above, below))
         return float(value) if np.ndim(value) == 0 else value
-
 
     def sdpa_decode_efficiency(self, head_dim):
         """Fraction of the fp32 peak that scaled_dot_product_attention reaches at decode per (query head,
@@ -134,6 +131,11 @@ class CalibratedTables:
 
 
 NEUTRAL = CalibratedTables()
+# The curve tables of a calibrated file: (file key, CalibratedTables attribute), in the order `hwmodels show`
+# lists them; the schema reads them, to_dict writes them, the CLI shows them from this one declaration.
+CURVE_TABLES = (("gemm_rows_efficiency", "gemm_rows_curve"), ("gemm_rows_in_out_efficiency", "gemm_rows_in_out_curve"),
+                ("attn_scores_efficiency", "attn_scores_curve"), ("attn_values_efficiency", "attn_values_curve"),
+                ("sdpa_decode_efficiency", "sdpa_decode_curve"), ("fresh_alloc_efficiency", "fresh_alloc_curve"))
 TABLE_FIELDS = tuple(CalibratedTables.__dataclass_fields__)
 
 
@@ -244,17 +246,11 @@ class Device:
             "compute_efficiency": self.compute_curve.to_dict(),
             "compute_reference_dtype": self.compute_reference_dtype,
             **{key: None if getattr(self.tables, attr) is None else getattr(self.tables, attr).to_dict()
-               for key, attr in (("gemm_rows_efficiency", "gemm_rows_curve"),
-                                 ("gemm_rows_in_out_efficiency", "gemm_rows_in_out_curve"),
-                                 ("attn_scores_efficiency", "attn_scores_curve"),
-                                 ("attn_values_efficiency", "attn_values_curve"),
-                                 ("sdpa_decode_efficiency", "sdpa_decode_curve"))},
+               for key, attr in CURVE_TABLES},
             "launch_overhead_s": self.launch_overhead_s,
             "host_overhead_s": self.host_overhead_s,
             "eager_call_overhead_s": self.tables.eager_call_overhead_s,
             "eager_weight_switch_s": self.tables.eager_weight_switch_s,
-            "fresh_alloc_efficiency": (None if self.tables.fresh_alloc_curve is None
-                                       else self.tables.fresh_alloc_curve.to_dict()),
             "content_hash": self.content_hash,
             "source_path": self.source_path,
             "sources": dict(self.sources),

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import yaml
 
 from .curves import SaturatingCurve, TableCurve, check_table
-from .device import NEUTRAL, CalibratedTables
+from .device import CURVE_TABLES, NEUTRAL, CalibratedTables
 from .dtypes import DTYPES
 from .errors import HardwareFileError
 from .units import UnitError, to_base
@@ -271,12 +271,7 @@ def parse(data: dict, path) -> ParsedFile:
         if reference not in flops:
             r.fail("compute_efficiency.reference_dtype",
                    f"must name a dtype listed under peak_flops ({', '.join(flops)}), got {_describe(reference)}")
-    rows_curve = r.curve(data, "gemm_rows_efficiency") if "gemm_rows_efficiency" in data else None
-    in_out_curve = (r.curve(data, "gemm_rows_in_out_efficiency") if "gemm_rows_in_out_efficiency" in data
-                    else None)
-    scores_curve, values_curve = (r.curve(data, key) if key in data else None for key in ATTN_TABLES)
-    fresh_curve = r.curve(data, FRESH_TABLE) if FRESH_TABLE in data else None
-    sdpa_curve = r.curve(data, SDPA_TABLE) if SDPA_TABLE in data else None
+    curves = {attr: r.curve(data, key) for key, attr in CURVE_TABLES if key in data}
     launch = r.quantity(data, "launch_overhead", "launch_overhead", "time")
     host = r.quantity(data, "host_overhead", "host_overhead", "time")
     eager_call = (r.quantity(data, "eager_call_overhead", "eager_call_overhead", "time")
@@ -288,9 +283,7 @@ def parse(data: dict, path) -> ParsedFile:
     calibration = data.get("calibration")
     if calibration is not None:
         r.keys(calibration, "calibration", (), CALIBRATION_KEYS)
-    given = dict(gemm_rows_curve=rows_curve, gemm_rows_in_out_curve=in_out_curve, attn_scores_curve=scores_curve,
-                 attn_values_curve=values_curve, eager_call_overhead_s=eager_call, eager_weight_switch_s=switch,
-                 fresh_alloc_curve=fresh_curve, sdpa_decode_curve=sdpa_curve)
+    given = dict(curves, eager_call_overhead_s=eager_call, eager_weight_switch_s=switch)
     tables = CalibratedTables(**given) if any(v is not None for v in given.values()) else NEUTRAL
     return ParsedFile(name, description, memory_bytes, memory_bw, flops, bw_curve, compute_curve,
                       launch, host, r.sources, notes, calibration, reference, tables)
