@@ -46,7 +46,6 @@ class ScoreWork:
         self.by_step = {}
 
 
-
 def top_by_rank(ranking: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Bool mask of the `count` highest entries of `ranking` along the last axis (entries at -inf never),
     `count` broadcasting against ranking.shape[:-1]; ties broken by slot order."""

@@ -50,6 +50,12 @@ def head_dim_of(name: str) -> int:
     return int(name.rsplit("_d", 1)[1])
 
 
+def width_series(series: dict, prefix: str, primary_dtype: str) -> list[str]:
+    """The measured `<prefix>_<dtype>_d<width>` series' names, by head width."""
+    return sorted((n for n, s in series.items() if n.startswith(f"{prefix}_{primary_dtype}_d") and s.points),
+                  key=head_dim_of)
+
+
 def width_fraction(series, memory_bw: float, bw_curve, launch: float) -> float:
     """Median over sizes of the rate reached relative to the streaming curve at the same size."""
     sizes = series.sizes()
@@ -68,8 +74,7 @@ def sdpa_flops_per_key(head_dim: int) -> float:
 def fit_sdpa(series: dict, primary_dtype: str, peak: float, launch: float) -> AttnTable | None:
     """Head width -> fraction of the fp32 peak SDPA's decode kernel reaches per (query head, key) over a
     streamed cache; None without sdpa_core series."""
-    names = sorted((n for n, s in series.items() if n.startswith(f"{SDPA_PREFIX}_{primary_dtype}_d") and s.points),
-                   key=head_dim_of)
+    names = width_series(series, SDPA_PREFIX, primary_dtype)
     if not names:
         return None
     widths = tuple(head_dim_of(n) for n in names)
@@ -87,8 +92,7 @@ def fit_attention(series: dict, primary_dtype: str, memory_bw: float, bw_curve, 
     series are left out (older plans, CUDA quick). `peak`: the fp32 rate SDPA's table is a fraction of."""
     out = {}
     for kind, (prefix, _, _) in KINDS.items():
-        names = sorted((n for n, s in series.items() if n.startswith(f"{prefix}_{primary_dtype}_d") and s.points),
-                       key=head_dim_of)
+        names = width_series(series, prefix, primary_dtype)
         if not names:
             continue
         widths = tuple(head_dim_of(n) for n in names)

@@ -66,6 +66,8 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {}
+# The core operators of one decode attention (sim/ops.py): what a profile's own attention rate applies to
+DECODE_ATTENTION_OPS = ("attn_scores", "softmax", "attn_v")
 
 
 def read_fit_yaml(path, what: str, command: str) -> dict:

@@ -44,11 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.profiles.base import PROFILES, Profile, read_fit_yaml, register_profile
+from sim.profiles.base import DECODE_ATTENTION_OPS, PROFILES, Profile, read_fit_yaml, register_profile
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "gpu-published-fit.yaml"
 ENGINES = ("trtllm", "vllm")
-DECODE_ATTENTION_OPS = ("attn_scores", "softmax", "attn_v")
 
 
 @dataclass(frozen=True)

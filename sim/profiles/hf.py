@@ -24,7 +24,7 @@ No fitted term: the profile is operators and counts; its CPU check is `traces.ti
 from __future__ import annotations
 
 from sim.op import Op, OpContext
-from sim.profiles.base import Profile, register_profile
+from sim.profiles.base import DECODE_ATTENTION_OPS, Profile, register_profile
 from sim.profiles.eager import EAGER_LAUNCHES, eager_glue, held_keys, kv_bytes
 
 # Top-level aten calls of one greedy generate() step (aten ops without an aten parent), counted with
@@ -53,9 +53,6 @@ def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
     ]
 
 
-SDPA_OPS = ("attn_scores", "softmax", "attn_v")
-
-
 def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
     """Decode attention runs SDPA's kernel, which on a CPU loops over (sequence, query head): its FLOPs
     (q.k, softmax, p.v per query head and key) run at the device's calibrated SDPA rate where the file
@@ -69,7 +66,7 @@ def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
     if eff is None:
         return
     for op in ops:
-        if op.name in SDPA_OPS:
+        if op.name in DECODE_ATTENTION_OPS:
             op.compute_eff = eff
 
 
