@@ -37,8 +37,8 @@ def rows(csv=None) -> list[dict]:
     becomes a metric of its own (tpot_ms)."""
     out = []
     for r in pg.load_rows(csv):
-        if r.tp <= 1 or not r.scope.startswith(f"tp={r.tp}:"):
-            continue            # one device, or another reason first (no hardware file, spec, profile; metric)
+        if r.tp <= 1 or not r.predictable:
+            continue            # one device, or kvsim lacks something (Row.scope says what)
         notes = r.notes
         # in-flight batching at maximum load ("dynamic"): the steady-state batch of the TP group's KV pool,
         # predicted as that fixed batch (its prefill and decode steps; published_gpu's steady state)

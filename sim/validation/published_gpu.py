@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from hwmodels.skus import resolve_sku
-from kvcommon.dtypes import DTYPES, dtype_name
+from kvcommon.dtypes import canonical_dtype, dtype_name
 from sim import engine
 from sim.model_names import resolve_name
 from sim.profiles import get_profile
@@ -113,6 +113,9 @@ class Row:
     regime: str
     scope: str              # "single-device" or why the row is out of scope
     notes: str = ""
+    # kvsim has all it needs to predict the row (metric, dtypes, profile, hardware file, spec): only tp > 1
+    # keeps such a row out of the single-device fit (sim.validation.multigpu predicts it)
+    predictable: bool = True
 
     @property
     def runtime(self) -> str:
@@ -201,31 +204,40 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         resolved = resolve_name(r["model"])
         model = resolved.spec
         gqa = model is not None and load_model(model).attention != "MHA"
-        weight_dtype, kv_dtype = _dtype(r["weight_dtype"]), _dtype(r["kv_dtype"])
-        bad_dtype = next((f"{what} dtype {d!r} is not one kvsim models ({', '.join(DTYPES)})"
-                          for what, d in (("weight", weight_dtype), ("KV", kv_dtype)) if dtype_name(d) not in DTYPES), None)
-        scope = "single-device"
+        dtypes, bad_dtype = {}, None
+        for what in ("weight_dtype", "kv_dtype"):
+            dtypes[what] = dtype_name(_dtype(r[what]))
+            try:
+                canonical_dtype(dtypes[what])
+            except ValueError as exc:
+                bad_dtype = bad_dtype or f"{exc} ({what} column)"
+        engine_name = _engine(r["stack"])
+        missing = None                      # the first thing kvsim lacks to predict the row
         if metric not in METRICS:
-            scope = f"metric {r['metric'].strip()!r} is not one kvsim predicts ({', '.join(METRICS)})"
+            missing = f"metric {r['metric'].strip()!r} is not one kvsim predicts ({', '.join(METRICS)})"
         elif batch is None and metric != "out_tok_per_s":
-            scope = f"in-flight batching rows are predicted as out_tok_per_s only, not {metric}"
+            missing = f"in-flight batching rows are predicted as out_tok_per_s only, not {metric}"
         elif bad_dtype:
-            scope = bad_dtype
-        elif _engine(r["stack"]) is None:
-            scope = (f"no engine profile for stack {r['stack'].strip()!r} (TensorRT-LLM and NIM rows: trtllm, vLLM rows: "
-                     "vllm)")
+            missing = bad_dtype
+        elif engine_name is None:
+            missing = (f"no engine profile for stack {r['stack'].strip()!r} (TensorRT-LLM and NIM rows: trtllm, vLLM "
+                       "rows: vllm)")
         elif hw is None:
-            scope = f"{r['hw'].strip()!r}: {hw_why}"
+            missing = f"{r['hw'].strip()!r}: {hw_why}"
         elif model is None:
-            scope = resolved.reason
+            missing = resolved.reason
+        if missing is not None:
+            scope = missing
         elif tp != 1:
             scope = f"tp={tp}: multi-GPU, not in the single-device fit (sim.validation.multigpu predicts it)"
+        else:
+            scope = "single-device"
         rows.append(Row(index=i, source=r["source"].strip(), hw_label=r["hw"].strip(), model_label=r["model"].strip(),
-                        stack=r["stack"].strip(), engine=_engine(r["stack"]), hw=hw, model=model,
-                        weight_dtype=dtype_name(weight_dtype), kv_dtype=dtype_name(kv_dtype), tp=tp, batch=batch,
+                        stack=r["stack"].strip(), engine=engine_name, hw=hw, model=model,
+                        weight_dtype=dtypes["weight_dtype"], kv_dtype=dtypes["kv_dtype"], tp=tp, batch=batch,
                         prompt=prompt, gen=gen, metric=metric, value=value,
                         regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope,
-                        notes=str(r.get("notes", "")).strip()))
+                        notes=str(r.get("notes", "")).strip(), predictable=missing is None))
     return rows
 
 
