@@ -103,11 +103,19 @@ def _main(argv=None) -> int:
         flagged = len(validation.flagged)
         print(f"{len(points)} points, MAPE {overall.mape:.1f}%, max |error| {overall.max_error:.1f}%, "
               f"{flagged} above {args.threshold:g}%: {path}")
-        overall_gpu = (gpu.summary.get("regimes") or {}).get("overall") if gpu is not None else None
-        if overall_gpu:
-            print(f"published GPU: {overall_gpu['points']} rows, trtllm in-sample MAPE {overall_gpu['in_sample_mape']:.1f}%, "
-                  f"LOSO MAPE {overall_gpu['loso_mape']:.1f}%")
+        line = _gpu_line(gpu)
+        if line:
+            print(line)
     return 0
+
+
+def _gpu_line(gpu) -> str | None:
+    """The published-GPU section's one-line summary, None without predicted single-device rows."""
+    overall = (gpu.summary.get("regimes") or {}).get("overall") if gpu is not None else None
+    if not overall:
+        return None
+    return (f"published GPU: {overall['points']} rows, trtllm in-sample MAPE {overall['in_sample_mape']:.1f}%, "
+            f"LOSO MAPE {overall['loso_mape']:.1f}%")
 
 
 def _gpu_plot(gpu, out: Path) -> None:
@@ -124,12 +132,11 @@ def _published_gpu_only(args, gpu) -> int:
                           *gpu.markdown])
     path = write_report(markdown, args.out)
     _gpu_plot(gpu, args.out)
-    overall = (gpu.summary.get("regimes") or {}).get("overall")
+    line = _gpu_line(gpu)
     if args.json:
         print(json.dumps({"report": str(path), "published_gpu": gpu.summary}))
-    elif overall:
-        print(f"published GPU: {overall['points']} rows, trtllm in-sample MAPE {overall['in_sample_mape']:.1f}%, "
-              f"LOSO MAPE {overall['loso_mape']:.1f}%: {path}")
+    elif line:
+        print(f"{line}: {path}")
     else:
         print(f"published GPU: no single-device row predicted: {path}")
     return 0
