@@ -43,6 +43,10 @@ class ModelSpec:
     # of Mistral with a window, Qwen2's from max_window_layers on with use_sliding_window, or the config's
     # layer_types "sliding_attention" entries; () when none does
     sliding_layers: tuple[int, ...] = ()
+    # mixture of experts (Mixtral): each layer's MLP is n_experts experts of width d_ff, a router sends each
+    # token to experts_per_token of them; 1 and 1 for a dense model
+    n_experts: int = 1
+    experts_per_token: int = 1
 
     def __post_init__(self):
         for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
@@ -59,6 +63,13 @@ class ModelSpec:
             raise ValueError(f"model {self.name}: sliding_layers must be distinct layer indices below {self.n_layers}")
         if self.sliding_layers and self.sliding_window is None:
             raise ValueError(f"model {self.name}: sliding_layers without a sliding_window")
+        for field in ("n_experts", "experts_per_token"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model {self.name}: {field} must be a positive integer, got {value!r}")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"model {self.name}: experts_per_token={self.experts_per_token} exceeds "
+                             f"n_experts={self.n_experts}")
 
     @property
     def weights_in_out(self) -> bool:
@@ -86,8 +97,36 @@ class ModelSpec:
         k_and_v = 2 * self.d_model * self.n_kv_heads * self.head_dim
         return q_and_out + k_and_v
 
-    def mlp_params_per_layer(self) -> int:
+    def expert_params(self) -> int:
+        """One expert's MLP (the whole MLP of a dense model)."""
         return (3 if self.gated_mlp else 2) * self.d_model * self.d_ff
+
+    def router_params(self) -> int:
+        return self.d_model * self.n_experts if self.moe else 0
+
+    def mlp_params_per_layer(self) -> int:
+        return self.n_experts * self.expert_params() + self.router_params()
+
+    @property
+    def moe(self) -> bool:
+        return self.n_experts > 1
+
+    def experts_touched(self, tokens):
+        """Mean experts per layer a pass over `tokens` tokens reads (1 for a dense model). Each token goes to
+        experts_per_token distinct experts; with routing independent and uniform an expert is missed by all
+        tokens with probability (1 - k/E)^tokens, so E (1 - (1 - k/E)^tokens) are read: k at one token, all
+        E from a few dozen tokens on. Real routers are skewed, which only lowers the count at small batches."""
+        if not self.moe:
+            return 1.0
+        e, k = self.n_experts, self.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** np.asarray(tokens, float))
+        return np.maximum(touched, float(k))
+
+    def weight_bytes_read(self, tokens, dtype: str = "bf16"):
+        """Weight bytes a forward pass over `tokens` tokens streams: all of a dense model; for a mixture of
+        experts, only the experts its tokens are routed to (experts_touched)."""
+        unread = self.n_experts - self.experts_touched(tokens)
+        return (self.n_params() - self.n_layers * unread * self.expert_params()) * dtype_bytes(dtype)
 
     def embedding_params(self) -> int:
         learned_pos = self.max_positions * self.d_model if self.positional == "learned" and self.max_positions else 0
@@ -108,7 +147,10 @@ class ModelSpec:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes(kv_dtype)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.moe:    # a dense model's dict (and so its content_hash) as before experts existed
+            del out["n_experts"], out["experts_per_token"]
+        return out
 
     @property
     def content_hash(self) -> str:
@@ -189,6 +231,10 @@ def _llama(c):  # llama, mistral, qwen2: gated SiLU MLP, RoPE, optional GQA
                 max_positions=_req(c, "max_position_embeddings"))
 
 
+def _mixtral(c):  # Mixtral: Mistral's attention, a top-k routed mixture of gated SiLU experts
+    return dict(_llama(c), n_experts=_req(c, "num_local_experts"), experts_per_token=_req(c, "num_experts_per_tok"))
+
+
 def _gemma(c):  # gemma, gemma2, gemma3_text: gated GeLU MLP, RoPE, GQA/MQA, tied embeddings by default
     return dict(_llama(c), tied=c.get("tie_word_embeddings", True))
 
@@ -207,6 +253,22 @@ def _opt(c):
                 max_positions=_req(c, "max_position_embeddings"))
 
 
+def _falcon(c):
+    # FalconConfig: the new decoder architecture (40B, 180B) has num_kv_heads KV heads; the old one (7B) is
+    # multi-query (1 KV head) unless multi_query is false; the MLP is dense_h_to_4h (ffn_hidden_size or 4 x d);
+    # attention and MLP run in parallel off one residual (the same ops as a sequential block)
+    d = _req(c, "hidden_size")
+    heads = _req(c, "num_attention_heads", "n_head")
+    if c.get("new_decoder_architecture"):
+        kv_heads = c.get("num_kv_heads") or heads
+    else:
+        kv_heads = 1 if c.get("multi_query", True) else heads
+    return dict(n_layers=_req(c, "num_hidden_layers", "n_layer"), d_model=d, n_heads=heads, n_kv_heads=kv_heads,
+                d_ff=c.get("ffn_hidden_size") or 4 * d, vocab_size=_req(c, "vocab_size"), gated_mlp=False,
+                tied=c.get("tie_word_embeddings", True), positional="alibi" if c.get("alibi") else "rope",
+                max_positions=c.get("max_position_embeddings", 2048))
+
+
 def _bloom(c):
     d = _req(c, "hidden_size", "n_embed")
     # BLOOM has no max-position field (ALiBi extrapolates); it was trained at seq_length 2048.
@@ -216,9 +278,9 @@ def _bloom(c):
                 positional="alibi", max_positions=c.get("seq_length", 2048))
 
 
-_READERS = {"gpt2": _gpt2, "gptj": _gptj, "mpt": _mpt, "llama": _llama, "mistral": _llama, "qwen2": _llama,
-            "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox, "opt": _opt,
-            "bloom": _bloom}
+_READERS = {"gpt2": _gpt2, "gptj": _gptj, "mpt": _mpt, "llama": _llama, "mistral": _llama, "mixtral": _mixtral,
+            "qwen2": _llama, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox, "opt": _opt,
+            "bloom": _bloom, "falcon": _falcon}
 SUPPORTED_TYPES = tuple(_READERS)
 
 
@@ -244,7 +306,8 @@ def spec_from_config(cfg: dict, name: str, where: str = "") -> ModelSpec:
                      vocab_size=kw["vocab_size"], gated_mlp=kw["gated_mlp"], tied_embeddings=bool(kw["tied"]),
                      positional=kw["positional"], max_positions=kw["max_positions"], source=cfg.get("_source", where),
                      sliding_window=_window(cfg.get("sliding_window")),
-                     sliding_layers=_sliding_layers(cfg, model_type, kw["n_layers"], where))
+                     sliding_layers=_sliding_layers(cfg, model_type, kw["n_layers"], where),
+                     n_experts=kw.get("n_experts", 1), experts_per_token=kw.get("experts_per_token", 1))
 
 
 def _window(value) -> int | None:
@@ -263,7 +326,7 @@ def _sliding_layers(cfg: dict, model_type: str, n_layers: int, where: str) -> tu
         if len(types) != n_layers:
             raise ValueError(f"{where}: layer_types lists {len(types)} layers for {n_layers} hidden layers")
         return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral"):
         return tuple(range(n_layers))
     if model_type == "gemma2":       # transformers' Gemma2Config: even layers local, odd layers global
         return tuple(i for i in range(n_layers) if i % 2 == 0)

@@ -12,6 +12,10 @@ from sim.op import BYTE_FIELDS, FIELDS, NORM_FLOPS, SCORE_BYTES, SOFTMAX_FLOPS, 
 from sim.op import adjust as _adjust
 from sim.op import launch_count as _launch
 
+# A fused MoE layer's kernels beyond its expert GEMMs (TensorRT-LLM's and vLLM's fused-MoE paths): router
+# GEMM, top-k softmax, token permute (gather to experts), unpermute (scatter and weighted sum back).
+MOE_LAUNCHES = 4
+
 
 def dense_ops(ctx: OpContext) -> list[Op]:
     """Embedding, norms, projections, MLP and LM head: all tokens of the pass go through the weights."""
@@ -20,8 +24,14 @@ def dense_ops(ctx: OpContext) -> list[Op]:
     tokens = ctx.rows * ctx.new_tokens
     qkv_w = d * (m.n_heads + 2 * m.n_kv_heads) * hd
     out_w = m.n_heads * hd * d
-    mlp_w = (3 if m.gated_mlp else 2) * d * m.d_ff
+    expert_w = m.expert_params()
     mlp_inner = (2 if m.gated_mlp else 1) * m.d_ff      # gate+up (or up) output written, then read
+    # mixture of experts: each token runs k experts; the pass reads only the experts its tokens reach
+    # (ModelSpec.experts_touched), each expert GEMM gets tokens x k / touched rows; the router (d x E) and
+    # the fused-MoE path's routing kernels (MOE_LAUNCHES) come on top. Dense: k = touched = 1, no router.
+    k = m.experts_per_token
+    touched = m.experts_touched(tokens)
+    moe_extra = MOE_LAUNCHES if m.moe else 0
     logits_rows = ctx.rows                               # fused: logits for the last position only
     in_out = m.weights_in_out                            # Conv1D projections (GPT-2); the LM head is a Linear
     return _adjust(ctx, [
@@ -34,9 +44,10 @@ def dense_ops(ctx: OpContext) -> list[Op]:
         Op("out_proj", True, flops=2 * tokens * out_w, weight_bytes=out_w * wb,
            act_bytes=tokens * (m.n_heads * hd + d) * ab, launches=_launch(ctx, "out_proj"), gemm=True,
            rows=tokens, weights_in_out=in_out),
-        Op("mlp", True, flops=2 * tokens * mlp_w, weight_bytes=mlp_w * wb,
-           act_bytes=tokens * (2 * d + mlp_inner + m.d_ff) * ab, launches=_launch(ctx, "mlp"), gemm=True, rows=tokens,
-           weights_in_out=in_out),
+        Op("mlp", True, flops=2 * tokens * (k * expert_w + m.router_params()),
+           weight_bytes=(touched * expert_w + m.router_params()) * wb,
+           act_bytes=tokens * (2 * d + k * (mlp_inner + m.d_ff) + (2 * k * d if m.moe else 0)) * ab,
+           launches=_launch(ctx, "mlp") + moe_extra, gemm=True, rows=tokens * k / touched, weights_in_out=in_out),
         Op("final_norm", False, flops=NORM_FLOPS * tokens * d, weight_bytes=d * wb, act_bytes=2 * tokens * d * ab,
            launches=_launch(ctx, "final_norm")),
         Op("lm_head", False, flops=2 * logits_rows * m.vocab_size * d, weight_bytes=m.vocab_size * d * wb,

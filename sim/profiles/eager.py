@@ -106,8 +106,9 @@ def eager_glue(ctx: OpContext, launches: float | None = None) -> Op:
     glue = GLUE.get(m.model_type, DEFAULT_GLUE)
     tokens = ctx.rows * ctx.new_tokens
     heads = (m.n_heads + m.n_kv_heads) * m.head_dim
-    act = tokens * (glue["d_passes"] * m.d_model + glue["ff_passes"] * m.d_ff + glue["head_passes"] * heads) * ab
-    flops = tokens * (glue["d_passes"] * m.d_model + glue["ff_passes"] * m.d_ff + glue["head_passes"] * heads)
+    ff = m.d_ff * m.experts_per_token              # a mixture of experts: each token's k experts' activations
+    act = tokens * (glue["d_passes"] * m.d_model + glue["ff_passes"] * ff + glue["head_passes"] * heads) * ab
+    flops = tokens * (glue["d_passes"] * m.d_model + glue["ff_passes"] * ff + glue["head_passes"] * heads)
     return Op("eager_glue", True, flops=flops, act_bytes=act, launches=glue["launches"] if launches is None else launches)
 
 

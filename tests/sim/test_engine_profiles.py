@@ -320,7 +320,7 @@ def test_held_out_csv_resolves_published_names_and_says_why_it_skips_a_row(tmp_p
         _row(source="HO", hw="H100 SXM5 80GB", model="meta-llama/Meta-Llama-3-8B-Instruct", batch=64, prompt=128,
              gen=128, value=9000),
         _row(source="HO", hw="H100 PCIe", value=100),
-        _row(source="HO", model="mistralai/Mixtral-8x7B-v0.1", value=100),
+        _row(source="HO", model="deepseek-ai/DeepSeek-V3", value=100),
         _row(source="HO", weight_dtype="w4a16", value=100),
         _row(source="HO", hw="H100-SXM-80GB (x2)", model="meta-llama/Llama-3.1-70B-Instruct", tp=2, batch=8,
              prompt=1024, gen=128, value=500),
@@ -345,8 +345,25 @@ def test_held_out_csv_resolves_published_names_and_says_why_it_skips_a_row(tmp_p
     assert "Multi-GPU rows" in text and "PCIe" in text and "mixture-of-experts" in text
 
 
+def test_held_out_mixtral_and_falcon_rows_are_predicted(tmp_path):
+    path = write_csv(tmp_path / "moe.csv", [
+        _row(source="HO", model="mistralai/Mixtral-8x7B-Instruct-v0.1", batch=1, prompt=128, gen=128,
+             metric="tpot_ms", value=10),
+        _row(source="HO", model="meta-llama/Llama-2-70b-hf", batch=1, prompt=128, gen=128, metric="tpot_ms", value=30),
+        _row(source="HO", hw="H100 SXM", model="tiiuae/falcon-180B", tp=8, batch=64, prompt=128, gen=512, value=3000),
+    ])
+    rows = pg.load_rows(path)
+    assert [r.model for r in rows] == ["mixtral-8x7b", "llama-2-70b", "falcon-180b"]
+    assert [r.scope == "single-device" for r in rows] == [True, True, False] and rows[2].predictable
+    mixtral, dense70 = (pg.predict_row(r, "trtllm") for r in rows[:2])
+    # a decode step of Mixtral at batch 1 streams its 12.9 B active parameters, not its 46.7 B
+    assert 0 < mixtral < 0.4 * dense70
+    multi = published_report.build_section(csv=path).summary["multi_gpu"]
+    assert [m["id"].split("/")[1] for m in multi] == ["h100-sxmx8"] and multi[0]["predicted_stack"] > 0
+
+
 def test_held_out_csv_with_no_predictable_row_still_reports(tmp_path):
-    path = write_csv(tmp_path / "none.csv", [_row(hw="B200"), _row(model="tiiuae/falcon-180B"),
+    path = write_csv(tmp_path / "none.csv", [_row(hw="B200"), _row(model="microsoft/phi-2"),
                                              _row(stack="SGLang 0.4"), _row(stack="SGLang 0.4", tp=2)])
     rows = pg.load_rows(path)
     assert rows[2].engine is None and "no engine profile for stack 'SGLang 0.4'" in rows[2].scope

@@ -25,9 +25,31 @@ def test_kv_bytes_per_token_matches_hand_computed(name, kv_dtype, kib):
     ("gpt-j-6b", 6.05e9), ("mpt-7b", 6.65e9), ("cerebras-gpt-6.7b", 6.7e9), ("llama-2-7b", 6.74e9),
     ("llama-2-13b", 13.0e9), ("llama-2-70b", 69.0e9), ("llama-3-8b", 8.03e9), ("mistral-7b", 7.25e9),
     ("opt-13b", 12.85e9), ("gpt2", 124e6), ("smollm2-135m", 134.5e6),
+    # specs written from memory (their _source says so): the published sizes check the shapes
+    ("qwen2.5-7b", 7.61e9), ("qwen2.5-72b", 72.7e9), ("llama-3.2-1b", 1.24e9), ("llama-3.2-3b", 3.21e9),
 ])
 def test_parameter_counts_match_published_sizes(name, params):
     assert load_model(name).n_params() == pytest.approx(params, rel=0.01)
+
+
+# Falcon ties the LM head to the embedding (FalconConfig's default), but its Hub checkpoints also store the
+# lm_head copy, and the Hub's parameter counts include it.
+@pytest.mark.parametrize("name, params, kv_heads", [("falcon-7b", 7.22e9, 1), ("falcon-40b", 41.8e9, 8),
+                                                    ("falcon-180b", 179.5e9, 8)])
+def test_falcon_shapes_match_the_hub_sizes(name, params, kv_heads):
+    m = load_model(name)
+    assert m.tied_embeddings and m.lm_head_params() == 0 and m.head_dim == 64 and m.n_kv_heads == kv_heads
+    assert m.n_params() + m.vocab_size * m.d_model == pytest.approx(params, rel=0.01)
+
+
+@pytest.mark.parametrize("cfg, kv_heads", [
+    ({"new_decoder_architecture": False}, 1),                       # Falcon-7B: multi-query by default
+    ({"new_decoder_architecture": False, "multi_query": False}, 4),
+    ({"new_decoder_architecture": True, "num_kv_heads": 2}, 2),     # Falcon-40B/180B: grouped
+])
+def test_falcon_kv_heads_follow_the_decoder_architecture(cfg, kv_heads):
+    spec = spec_from_config({"model_type": "falcon", **MINIMAL["falcon"], **cfg}, name="f")
+    assert spec.n_kv_heads == kv_heads
 
 
 def test_weight_bytes_follow_the_dtype():
@@ -79,6 +101,11 @@ MINIMAL = {
     "opt": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "ffn_dim": 256, "vocab_size": 100,
             "max_position_embeddings": 128},
     "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100},
+    "mixtral": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "falcon": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+               "new_decoder_architecture": True, "num_kv_heads": 2},
     **{t: {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
            "head_dim": 16, "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128}
        for t in ("gemma", "gemma2", "gemma3_text")},
@@ -88,7 +115,8 @@ EXPECTED = {  # model_type: (n_kv_heads, d_ff, gated, tied, positional)
     "mpt": (2, 256, False, True, "alibi"), "llama": (1, 96, True, False, "rope"),
     "mistral": (2, 96, True, False, "rope"), "qwen2": (2, 96, True, True, "rope"),
     "gpt_neox": (4, 256, False, False, "rope"), "opt": (4, 256, False, True, "learned"),
-    "bloom": (4, 256, False, True, "alibi"),
+    "bloom": (4, 256, False, True, "alibi"), "falcon": (2, 256, False, True, "rope"),
+    "mixtral": (2, 96, True, False, "rope"),
     **{t: (1, 96, True, True, "rope") for t in ("gemma", "gemma2", "gemma3_text")},
 }
 
