@@ -174,9 +174,13 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
     if not path.is_file():
         raise FileNotFoundError(f"published GPU measurements {path} not found (set KVSIM_DATA or pass --csv)")
     try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")   # a spreadsheet's BOM
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: empty file (no header row; columns: {', '.join(COLUMNS)})") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    # headers as people type them: "Weight dtype", " KV_dtype", "TP" are weight_dtype, kv_dtype, tp
+    table.columns = [re.sub(r"[\s-]+", "_", str(c).strip().lower()) for c in table.columns]
     missing = [c for c in COLUMNS if c not in table.columns and c not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}")

@@ -345,6 +345,22 @@ def test_held_out_csv_resolves_published_names_and_says_why_it_skips_a_row(tmp_p
     assert "Multi-GPU rows" in text and "PCIe" in text and "mixture-of-experts" in text
 
 
+def test_csv_as_a_spreadsheet_writes_it_reads_and_an_empty_file_says_so(tmp_path):
+    plain = write_csv(tmp_path / "plain.csv", [_row(), _row(batch=8)]).read_text()
+    header, body = plain.split("\n", 1)
+    # a BOM, CRLF line ends, headers in title case with spaces: the same rows
+    typed = header.replace("weight_dtype", "Weight dtype").replace("kv_dtype", " KV-dtype").upper()
+    messy = tmp_path / "messy.csv"
+    messy.write_bytes(b"\xef\xbb\xbf" + (typed + "\n" + body).replace("\n", "\r\n").encode())
+    same = pg.load_rows(tmp_path / "plain.csv")
+    assert [(r.id, r.value, r.kv_dtype) for r in pg.load_rows(messy)] == [(r.id, r.value, r.kv_dtype) for r in same]
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty file") as info:
+        pg.load_rows(empty)
+    assert "\n" not in str(info.value)
+
+
 def test_held_out_mixtral_and_falcon_rows_are_predicted(tmp_path):
     path = write_csv(tmp_path / "moe.csv", [
         _row(source="HO", model="mistralai/Mixtral-8x7B-Instruct-v0.1", batch=1, prompt=128, gen=128,
