@@ -144,12 +144,15 @@ def _dtype(text: str) -> str:
     return text.split()[0].strip().lower() if text.strip() else ""
 
 
+# An integer cell as tables print it: "2,048", "1 (concurrency)", "TP8", "tp=2", "x8", "8x".
+_INT_CELL = re.compile(r"^(?:tp\s*=?\s*|x\s*)?(-?\d{1,3}(?:,\d{3})+|-?\d+)(?:\s*x)?(?:\s|\(|$)", re.IGNORECASE)
+
+
 def _int(text: str, what: str, where: str) -> int:
-    head = text.strip().split()[0] if text.strip() else ""
-    try:
-        return int(head)
-    except ValueError:
-        raise ValueError(f"{where}: {what} {text!r} is not an integer") from None
+    match = _INT_CELL.match(text.strip())
+    if match is None:
+        raise ValueError(f"{where}: {what} {text!r} is not an integer")
+    return int(match.group(1).replace(",", ""))
 
 
 def regime_of(metric: str, batch: int | None, prompt: int, gen: int, gqa: bool) -> str:

@@ -361,6 +361,18 @@ def test_csv_as_a_spreadsheet_writes_it_reads_and_an_empty_file_says_so(tmp_path
     assert "\n" not in str(info.value)
 
 
+def test_integer_cells_as_tables_print_them(tmp_path):
+    path = write_csv(tmp_path / "ints.csv", [_row(tp="TP2", batch="1 (concurrency)", prompt="2,048", gen="x128"),
+                                             _row(tp="tp=1", batch="8x", prompt="128", gen="128")])
+    rows = pg.load_rows(path)
+    assert [(r.tp, r.batch, r.prompt, r.gen) for r in rows] == [(2, 1, 2048, 128), (1, 8, 128, 128)]
+    for cell, message in (("1k", "prompt '1k' is not an integer"), ("8.5", "is not an integer"),
+                          ("-8", "prompt must be a positive integer, got -8"), ("1,2", "is not an integer")):
+        with pytest.raises(ValueError, match=message) as info:
+            pg.load_rows(write_csv(tmp_path / "bad.csv", [_row(prompt=cell)]))
+        assert "row 1" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_held_out_mixtral_and_falcon_rows_are_predicted(tmp_path):
     path = write_csv(tmp_path / "moe.csv", [
         _row(source="HO", model="mistralai/Mixtral-8x7B-Instruct-v0.1", batch=1, prompt=128, gen=128,
