@@ -90,6 +90,10 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
                  decode_kv_read_bytes=float(r["decode_kv_read_bytes"][0]), fits=bool(r["fits"][0]),
                  device_memory_bytes=float(s.hw.memory_bytes),
                  exceeds_max_positions=bool(s.model.max_positions and prompt + gen > s.model.max_positions))
+    if s.model.moe:     # what a decode step's rows (batch x beams tokens) read of the experts
+        rows = int(batch) * int(beams)
+        extra.update(n_experts=s.model.n_experts, decode_experts_touched=float(s.model.experts_touched(rows)),
+                     decode_weight_bytes_read=float(s.model.weight_bytes_read(rows, s.weight_dtype)))
     return Prediction(inputs=inputs, ttft_s=float(r["ttft_s"][0]), tpot_s=float(r["tpot_s"][0]),
                       e2e_s=float(r["e2e_s"][0]), tokens_per_s=float(r["tokens_per_s"][0]),
                       peak_memory_bytes=float(r["peak_memory_bytes"][0]), max_batch=int(r["max_batch"][0]),

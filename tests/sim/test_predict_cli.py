@@ -31,6 +31,17 @@ def test_human_summary(capsys):
     assert "512 KiB" in out and "beams 4" in out
 
 
+def test_a_mixture_of_experts_says_what_a_decode_step_reads(capsys):
+    argv = ["--hw", "h100-sxm", "--model", "mistralai/Mixtral-8x7B-v0.1", "--prompt", "128", "--gen", "16",
+            "--weight-dtype", "fp8", "--kv-dtype", "fp8"]
+    code, out, _ = cli(argv, capsys)
+    assert code == 0 and "2.0 of 8 per layer read by a decode step of 1 row:" in out
+    code, out, _ = cli(argv + ["--batch", "64"], capsys)
+    assert "8.0 of 8 per layer" in out
+    code, out, _ = cli(BASE, capsys)
+    assert "experts" not in out          # dense models: no such line
+
+
 def test_breakdown_prints_the_operator_tables(capsys):
     code, out, _ = cli(BASE + ["--policy", "h2o", "--cache-ratio", "0.9", "--breakdown"], capsys)
     assert code == 0
