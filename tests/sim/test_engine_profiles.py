@@ -298,7 +298,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hw=st.sampled_from(["h100-sxm", "h200-sxm", "a100-80g-sxm", "l40s", "mi300x"]),
-       model=st.sampled_from(["llama-2-7b", "mistral-7b-v0.1", "llama-3-8b", "gpt-j-6b"]),
+       model=st.sampled_from(["llama-2-7b", "mistral-7b-v0.1", "llama-3-8b", "gpt-j-6b", "mixtral-8x7b"]),
        profile=st.sampled_from(["trtllm", "vllm", "hf"]), policy=st.sampled_from(["h2o", "keyformer", "window"]),
        batch=st.integers(1, 128), prompt=st.integers(64, 16384), gen=st.integers(2, 1024),
        ratios=st.lists(st.floats(0.05, 1.0), min_size=2, max_size=2), dtype=st.sampled_from(["fp8", "bf16"]))

@@ -22,7 +22,8 @@ def devices():
 
 DEVICES = devices()
 HBM = [d for d in DEVICES if "HBM" in getattr(d, "description", "")]
-MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b", "smollm2-135m", "llama-2-70b", "stories260k", "gpt2"]
+MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b", "smollm2-135m", "llama-2-70b", "stories260k", "gpt2",
+          "mixtral-8x7b", "falcon-40b"]
 # multi-head models of 1B+ parameters: one KV head per query head, so at 4k tokens the KV cache is a large
 # share of a decode step's bytes. (GQA models, and GPT-2 beyond its 1k positions, save about what the
 # one selection launch per layer costs at 4k: docs/sim.md "Fusion".)

@@ -10,7 +10,7 @@ from sim.engine import evaluate, predict
 from sim.kvlen import EVICTING, POLICIES
 from tests.sim.conftest import ToyDevice, real_device_names
 
-MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b", "smollm2-135m", "llama-2-70b"]
+MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b", "smollm2-135m", "llama-2-70b", "mixtral-8x7b", "falcon-40b"]
 DTYPES = ["bf16", "fp16", "fp8", "int8", "int4", "fp32"]
 
 
