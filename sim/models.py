@@ -115,7 +115,7 @@ class ModelSpec:
         """Mean experts per layer a pass over `tokens` tokens reads (1 for a dense model). Each token goes to
         experts_per_token distinct experts; with routing independent and uniform an expert is missed by all
         tokens with probability (1 - k/E)^tokens, so E (1 - (1 - k/E)^tokens) are read: k at one token, all
-        E from a few dozen tokens on. Real routers are skewed, which only lowers the count at small batches."""
+        E from a few dozen tokens on. A skewed real router can only lower the count."""
         if not self.moe:
             return 1.0
         e, k = self.n_experts, self.experts_per_token
@@ -279,8 +279,8 @@ def _bloom(c):
 
 
 _READERS = {"gpt2": _gpt2, "gptj": _gptj, "mpt": _mpt, "llama": _llama, "mistral": _llama, "mixtral": _mixtral,
-            "qwen2": _llama, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox, "opt": _opt,
-            "bloom": _bloom, "falcon": _falcon}
+            "qwen2": _llama, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox,
+            "opt": _opt, "bloom": _bloom, "falcon": _falcon}
 SUPPORTED_TYPES = tuple(_READERS)
 
 

@@ -128,9 +128,10 @@ def format_summary(pred: Prediction) -> str:
         f"{pred.max_batch_all_at_once_tokens_per_s:,.1f} tokens/s)",
     ]
     if "n_experts" in x:
+        rows = i["batch"] * i["beams"]
         lines.append(f"  experts         {x['decode_experts_touched']:.1f} of {x['n_experts']} per layer read by a decode "
-                     f"step of {i['batch'] * i['beams']} row{'' if i['batch'] * i['beams'] == 1 else 's'}: {_gib(x['decode_weight_bytes_read'])} of the weights "
-                     "streamed (uniform routing)")
+                     f"step of {rows} row{'' if rows == 1 else 's'}: {_gib(x['decode_weight_bytes_read'])} of the "
+                     "weights streamed (uniform routing)")
     formula_note = getattr(policies.get(i["policy"]), "formula_note", "")
     if formula_note and i["kv_source"] == "formula":
         lines.append(f"note: {formula_note}")
