@@ -105,6 +105,34 @@ def _descend(rows, z) -> tuple[float, dict[str, float]]:
     return cost, _values(z)
 
 
+# What a fold's training rows leave open: for each term, scanned over its physical range with the other
+# terms at the fold's values, the values the training rows cannot tell apart (their MAPE within
+# ACCEPT_PT points of the fold's own) and how far the left-out rows' predictions move over those values.
+# A large move means the left-out source's LOSO error is set by a term only that source measures, not
+# by a misfit of the others.
+ACCEPT_PT = 0.5
+SCAN_POINTS = 11
+
+
+def open_terms(train, held, values: dict) -> dict[str, dict]:
+    """Per term: `accepted` [lowest, highest] value the training rows accept, `held_out_move_pct` the largest
+    change of a left-out row's prediction over them (%)."""
+    measured = np.array([r.value for r in train])
+    limit = bf.mape(predictions(train, values), measured) + ACCEPT_PT
+    base = np.log(predictions(held, values))
+    out = {}
+    for t in pe.TERMS:
+        accepted, move = [values[t.name]], 0.0
+        for u in np.linspace(0.0, 1.0, SCAN_POINTS):
+            trial = {**values, t.name: t.lo + u * (t.hi - t.lo)}
+            if bf.mape(predictions(train, trial), measured) <= limit:
+                accepted.append(trial[t.name])
+                move = max(move, float(np.max(np.abs(np.log(predictions(held, trial)) - base))))
+        out[t.name] = {"accepted": [round(float(min(accepted)), 9), round(float(max(accepted)), 9)],
+                       "held_out_move_pct": round(100.0 * float(np.expm1(move)), 2)}
+    return out
+
+
 def run_fit(csv: Path) -> dict:
     rows = pg.load_rows(csv)
     fit_rows = pg.in_scope(rows, FITTED_ENGINE)
@@ -114,16 +142,18 @@ def run_fit(csv: Path) -> dict:
     measured = np.array([r.value for r in fit_rows])
     terms = fit_terms(fit_rows)
     in_sample = predictions(fit_rows, terms)
-    folds, loso_pred = {}, np.empty(len(fit_rows))
+    folds, loso_pred, left_open = {}, np.empty(len(fit_rows)), {}
     sources = list(dict.fromkeys(r.source for r in fit_rows))
     for source in sources:
         train = [r for r in fit_rows if r.source != source]
         fold = fit_terms(train)          # the same starts as the full fit: nothing of the held-out rows
         folds[source] = {k: round(v, 9) for k, v in fold.items()}
         idx = [i for i, r in enumerate(fit_rows) if r.source == source]
-        loso_pred[idx] = predictions([fit_rows[i] for i in idx], fold)
+        held = [fit_rows[i] for i in idx]
+        loso_pred[idx] = predictions(held, fold)
+        left_open[source] = open_terms(train, held, fold)
     return dict(rows=rows, fit_rows=fit_rows, measured=measured, terms=terms, in_sample=in_sample, folds=folds,
-                loso=loso_pred)
+                loso=loso_pred, left_open=left_open)
 
 
 def _term_entries(values: dict, source: str) -> dict:
@@ -138,7 +168,10 @@ def build_document(result: dict, csv: Path, command: str) -> dict:
     fitted_source = (f"fitted by `{command}` to {len(fit_rows)} single-device {FITTED_ENGINE} rows of {csv_label} "
                      f"(sha256 {pg.file_sha256(csv)[:16]})")
     engines = {FITTED_ENGINE: {"fitted": True, "rows": len(fit_rows), "terms": _term_entries(result["terms"], fitted_source),
-                               "loso_folds": result["folds"]}}
+                               "loso_folds": result["folds"],
+                               # per fold and term: the values its training rows accept and how far the
+                               # left-out rows move over them (open_terms)
+                               "loso_open_terms": result["left_open"]}}
     for engine_name in pe.ENGINES:
         if engine_name == FITTED_ENGINE:
             continue
@@ -160,6 +193,10 @@ def build_document(result: dict, csv: Path, command: str) -> dict:
                 "objective": "soft-L1 loss (5% knee) on log(predicted / measured), terms bounded (logistic "
                              "reparametrisation), Levenberg-Marquardt from the priors and 3 attention-rate starts",
                 "rows_fitted": len(fit_rows), "rows_excluded": excluded,
+                "open_terms": {"accept_pt": ACCEPT_PT, "scan_points": SCAN_POINTS,
+                               "what": "per LOSO fold and term: the values the fold's training rows accept (MAPE "
+                                       "within accept_pt points of the fold's, other terms held) and the largest move "
+                                       "of a left-out row's prediction over them (engines.trtllm.loso_open_terms)"},
                 "in_sample_mape_pct": round(bf.mape(result["in_sample"], result["measured"]), 3),
                 "loso_mape_pct": round(bf.mape(result["loso"], result["measured"]), 3)},
         "engines": engines,

@@ -138,14 +138,22 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         held_out_summary = {"points": h["points"], "mape": h["mape"], "max_error": h["max_error"]}
         lines += [f"Held-out rows: {h['points']}, MAPE {h['mape']:.1f}%, max {h['max_error']:.1f}%.", ""]
     # per source: LOSO is "fit without this source, predict it"
-    lines += ["| source (left out) | rows | in-sample MAPE % | LOSO MAPE % | LOSO max % |", "|---|---|---|---|---|"]
+    open_terms = data["engines"].get("trtllm", {}).get("loso_open_terms") or {}
+    accept_pt = fit.get("open_terms", {}).get("accept_pt", "?")
+    lines += ["| source (left out) | rows | in-sample MAPE % | LOSO MAPE % | LOSO max % | terms the other sources "
+              "leave open |", "|---|---|---|---|---|---|"]
     by_source = {}
     for source, df in table.groupby("source", sort=False):
         ins, lo = _stats(df, "error_pct"), _stats(df, "loso_error_pct")
+        left_open = open_term_notes(open_terms.get(source, {})) if df["trained"].any() else []
         by_source[source] = {"points": ins["points"], "in_sample_mape": ins["mape"], "loso_mape": lo["mape"],
-                             "loso_max": lo["max_error"]}
-        lines.append(f"| {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | {lo['max_error']:.1f} |")
-    lines.append("")
+                             "loso_max": lo["max_error"], "left_open": left_open}
+        lines.append(f"| {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | {lo['max_error']:.1f} | "
+                     f"{'; '.join(left_open) or '-'} |")
+    lines += ["", f"Terms left open: with a source left out, a term whose values over the range the other sources' "
+              f"rows accept (their MAPE within {accept_pt} points of the fold's, the other terms held) move the "
+              f"left-out rows by {OPEN_MOVE_PCT:g}% or more (sim.fit_profiles.open_terms): there the LOSO error is "
+              "set by what only the left-out source measures.", ""]
     terms = data["engines"]["trtllm"]["terms"]
     lines += ["Fitted terms (`trtllm`; shared by every device; bounds are physical ranges, sim/profiles/engines.py):", "",
               "| term | value | bounds | meaning |", "|---|---|---|---|"]
@@ -178,6 +186,20 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                                    "loso": round(e.loso, 1)} for e in examples.itertuples()},
                "excluded": [r.id for r in excluded], "multi_gpu": multi_summary, "gpu_run": GPU_RUN_NOTE}
     return Section(lines, summary, table)
+
+
+OPEN_MOVE_PCT = 5.0
+
+
+def open_term_notes(terms: dict) -> list[str]:
+    """'name lo-hi (left-out rows move up to X%)' for the terms of one fold that are left open."""
+    notes = []
+    for name, entry in terms.items():
+        move = float(entry.get("held_out_move_pct", 0.0))
+        if move >= OPEN_MOVE_PCT:
+            lo, hi = entry["accepted"]
+            notes.append(f"{name} {lo:.3g}-{hi:.3g} (left-out rows move up to {move:.0f}%)")
+    return notes
 
 
 def excluded_lines(excluded: list) -> list[str]:
