@@ -52,6 +52,13 @@ METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s", "tpot_ms")
 # other spellings of the same metrics (units included: a name without its unit is not guessed)
 METRIC_ALIASES = {"itl_ms": "tpot_ms", "output_tok_per_s": "out_tok_per_s", "out_tokens_per_s": "out_tok_per_s",
                   "output_tokens_per_s": "out_tok_per_s"}
+# metrics in another unit or per GPU, read as a METRICS one: name -> (metric, factor, times tp); the row keeps
+# the published value in its notes
+METRIC_CONVERSIONS = {"ttft_s": ("ttft_ms", 1e3, False), "tpot_s": ("tpot_ms", 1e3, False),
+                      "itl_s": ("tpot_ms", 1e3, False), "e2e_latency_ms": ("e2e_latency_s", 1e-3, False),
+                      "out_tok_per_s_per_gpu": ("out_tok_per_s", 1.0, True),
+                      "output_tok_per_s_per_gpu": ("out_tok_per_s", 1.0, True),
+                      "out_tokens_per_s_per_gpu": ("out_tok_per_s", 1.0, True)}
 REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
 
 # Published SKU names -> hardware files: hwmodels/sku-names.yaml (hwmodels.skus; the A100 of TRT090 is taken
@@ -201,6 +208,12 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
         if not value > 0:
             raise ValueError(f"{where}: value must be positive, got {value:g}")
         tp = _int(r["tp"], "tp", where)
+        notes = str(r.get("notes", "")).strip()
+        if metric in METRIC_CONVERSIONS:
+            published = f"published as {r['metric'].strip()} = {r['value'].strip()}"
+            metric, factor, per_gpu = METRIC_CONVERSIONS[metric]
+            value *= factor * (tp if per_gpu and tp > 0 else 1)
+            notes = f"{published}; {notes}" if notes else published
         dynamic = r["batch"].strip().lower().split(" ")[0] in DYNAMIC_BATCH_WORDS
         batch = None if dynamic else _int(r["batch"], "batch", where)
         prompt, gen = _int(r["prompt"], "prompt", where), _int(r["gen"], "gen", where)
@@ -244,7 +257,7 @@ def load_rows(path: Path | str | None = None) -> list[Row]:
                         weight_dtype=dtypes["weight_dtype"], kv_dtype=dtypes["kv_dtype"], tp=tp, batch=batch,
                         prompt=prompt, gen=gen, metric=metric, value=value,
                         regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope,
-                        notes=str(r.get("notes", "")).strip(), predictable=missing is None))
+                        notes=notes, predictable=missing is None))
     return rows
 
 

@@ -404,6 +404,20 @@ def test_integer_cells_as_tables_print_them(tmp_path):
         assert "row 1" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_metrics_in_other_units_and_per_gpu_are_converted(tmp_path):
+    path = write_csv(tmp_path / "units.csv", [
+        _row(metric="ttft_s", value="0.0302", batch=1, prompt=2048, gen=1),
+        _row(metric="out_tok_per_s_per_gpu", value="1,000", tp=4, notes="from a chart"),
+        _row(metric="e2e_latency_ms", value="17236", batch=1), _row(metric="ITL_S", value="0.01858", batch=1)])
+    rows = pg.load_rows(path)
+    assert [(r.metric, r.value) for r in rows] == [("ttft_ms", pytest.approx(30.2)), ("out_tok_per_s", 4000.0),
+                                                   ("e2e_latency_s", pytest.approx(17.236)),
+                                                   ("tpot_ms", pytest.approx(18.58))]
+    assert rows[0].notes == "published as ttft_s = 0.0302"
+    assert rows[1].notes == "published as out_tok_per_s_per_gpu = 1,000; from a chart"
+    assert rows[0].scope == "single-device" and "multi-GPU" in rows[1].scope
+
+
 def test_held_out_mixtral_and_falcon_rows_are_predicted(tmp_path):
     path = write_csv(tmp_path / "moe.csv", [
         _row(source="HO", model="mistralai/Mixtral-8x7B-Instruct-v0.1", batch=1, prompt=128, gen=128,
