@@ -119,7 +119,7 @@ def open_terms(train, held, values: dict) -> dict[str, dict]:
     change of a left-out row's prediction over them (%)."""
     measured = np.array([r.value for r in train])
     limit = bf.mape(predictions(train, values), measured) + ACCEPT_PT
-    base = np.log(predictions(held, values))
+    base = predictions(held, values)
     out = {}
     for t in pe.TERMS:
         accepted, move = [values[t.name]], 0.0
@@ -127,9 +127,9 @@ def open_terms(train, held, values: dict) -> dict[str, dict]:
             trial = {**values, t.name: t.lo + u * (t.hi - t.lo)}
             if bf.mape(predictions(train, trial), measured) <= limit:
                 accepted.append(trial[t.name])
-                move = max(move, float(np.max(np.abs(np.log(predictions(held, trial)) - base))))
+                move = max(move, float(np.max(np.abs(predictions(held, trial) / base - 1.0))))
         out[t.name] = {"accepted": [round(float(min(accepted)), 9), round(float(max(accepted)), 9)],
-                       "held_out_move_pct": round(100.0 * float(np.expm1(move)), 2)}
+                       "held_out_move_pct": round(100.0 * move, 2)}
     return out
 
 
