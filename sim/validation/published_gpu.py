@@ -3,8 +3,9 @@
 The CSV (default `../shared/data/gpu-published-train.csv` next to the repository, or `KVSIM_DATA`;
 its README gives the sources) holds one measured number per row: source, hw, model, stack, dtypes,
 tp, batch, prompt, gen, metric, value. This module maps a row onto the simulator's names, says which
-rows the single-device model covers (tp = 1: multi-GPU rows are out of scope here, another issue
-covers tensor parallelism), assigns each row one regime, and predicts its metric under a profile.
+rows the single-device fit covers (tp = 1; multi-GPU rows are predicted as held-out rows by
+sim.validation.multigpu through sim.parallel), assigns each row one regime, and predicts its metric under
+a profile.
 
 Metrics:
   out_tok_per_s  fixed batch: batch x gen / end-to-end time of the whole batch (engine.evaluate's
@@ -13,6 +14,8 @@ Metrics:
   ttft_ms        prefill of the batch, first token (engine ttft_s).
   e2e_latency_s  whole-batch end-to-end time.
   tpot_ms        mean time per output token of the fixed batch (itl_ms: the same).
+Other units and per-GPU figures are converted on load (METRIC_CONVERSIONS: ttft_s, tpot_s, itl_s,
+e2e_latency_ms, out_tok_per_s_per_gpu times tp), the published value kept in the row's notes.
 
 Steady state of in-flight batching at saturation (TensorRT-LLM's trtllm-bench at infinite request
 rate): the scheduler admits requests while their whole reservation fits the KV pool
