@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kvcommon.cli import OneLineParser, atomic_write_text, run
+from sim.cli import OneLineParser, atomic_write_text, output_file, run
 from sim import bounded_fit as bf
 from sim.models import load_model
 from sim.profiles import hf_fit as hff
@@ -138,10 +138,7 @@ def build_parser():
 
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.out.is_dir():
-        raise ValueError(f"--out {args.out} is a folder; give the fit file's path")
-    if not args.out.parent.exists():
-        raise ValueError(f"--out: folder {args.out.parent} does not exist")
+    output_file("--out", args.out)
     result = run_fit(args.measured)
     command = "python -m sim.fit_hf" + ("" if args.measured is None else " --measured " + " ".join(args.measured))
     if args.out.resolve() != hff.FIT_FILE.resolve():

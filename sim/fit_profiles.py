@@ -21,9 +21,7 @@ terms are copied from the fitted engine and marked `fitted: false` with the reas
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
-import os
 import sys
 from pathlib import Path
 
@@ -31,17 +29,13 @@ import numpy as np
 import yaml
 
 from sim import bounded_fit as bf
+from sim.cli import OneLineParser, atomic_write_text, output_file, run
 from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
 
 DEFAULT_OUT = pe.FIT_FILE
 FITTED_ENGINE = "trtllm"
 MAX_ITER = 40
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):   # one line and exit code 2, as every kvsim CLI
-        raise ValueError(message)
 
 
 def _values(z) -> dict[str, float]:
@@ -205,17 +199,14 @@ def build_document(result: dict, csv: Path, command: str) -> dict:
 
 
 def write_document(doc: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     header = ("# Engine profiles fitted to published GPU measurements: written by python -m sim.fit_profiles\n"
               "# (do not edit by hand; re-run the command in `fit.command`). Terms: sim/profiles/engines.py.\n")
-    tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
-    os.replace(tmp, out)
+    atomic_write_text(out, header + yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
 def build_parser():
-    p = _Parser(prog="python -m sim.fit_profiles",
-                description="Fit the trtllm/vllm engine profiles' terms to published GPU measurements.")
+    p = OneLineParser(prog="python -m sim.fit_profiles",
+                      description="Fit the trtllm/vllm engine profiles' terms to published GPU measurements.")
     p.add_argument("--csv", type=Path, default=None,
                    help=f"published measurements (default: {pg.display_path(pg.default_csv())}, or $KVSIM_DATA/"
                         f"{pg.CSV_NAME})")
@@ -225,29 +216,27 @@ def build_parser():
     return p
 
 
-def main(argv=None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        csv = args.csv if args.csv is not None else pg.default_csv()
-        if args.out.exists() and args.out.is_dir():
-            raise ValueError(f"--out {args.out} is a folder; give the profile file's path")
-        if not args.out.parent.exists():
-            raise ValueError(f"--out: folder {args.out.parent} does not exist")
-        result = run_fit(csv)
-        command = "python -m sim.fit_profiles --csv " + pg.display_path(csv)
-        if args.out.resolve() != DEFAULT_OUT.resolve():
-            command += " --out " + pg.display_path(args.out)
-        doc = build_document(result, csv, command)
-        write_document(doc, args.out)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    csv = args.csv if args.csv is not None else pg.default_csv()
+    output_file("--out", args.out)
+    result = run_fit(csv)
+    command = "python -m sim.fit_profiles --csv " + pg.display_path(csv)
+    if args.out.resolve() != DEFAULT_OUT.resolve():
+        command += " --out " + pg.display_path(args.out)
+    doc = build_document(result, csv, command)
+    write_document(doc, args.out)
     if not args.quiet:
         fit = doc["fit"]
         terms = ", ".join(f"{k}={v['value']:.4g}" for k, v in doc["engines"][FITTED_ENGINE]["terms"].items())
         print(f"{fit['rows_fitted']} rows: in-sample MAPE {fit['in_sample_mape_pct']:.1f}%, "
               f"LOSO MAPE {fit['loso_mape_pct']:.1f}%; {terms}: {args.out}")
     return 0
+
+
+def main(argv=None) -> int:
+    """User mistakes (bad flags, a missing CSV, too few rows) are one `error: ...` line and exit code 2."""
+    return run(_main, argv)
 
 
 if __name__ == "__main__":
