@@ -20,8 +20,6 @@ import sys
 
 from sim import parallel
 from sim.models import load_model
-from sim.profiles import get_profile
-from sim.profiles.engines import pytorch_runtime
 
 from . import published_gpu as pg
 
@@ -54,8 +52,7 @@ def rows(csv=None) -> list[dict]:
 
 
 def predict_value(row: dict, profile: str) -> float:
-    if row.get("runtime") == "pytorch" and profile != "fused":    # TensorRT-LLM 1.0's runtime (published_gpu)
-        profile = pytorch_runtime(get_profile(profile))
+    profile = pg.runtime_profile(row.get("runtime", "classic"), profile)
     p = parallel.predict(row["hw"], load_model(row["model"]), row["batch"], row["prompt"], row["gen"], "full", 1.0,
                          kv_dtype=row["kv_dtype"], weight_dtype=row["weight_dtype"], profile=profile, tp=row["tp"])
     return {"ttft_ms": p.ttft_s * 1e3, "tpot_ms": p.tpot_s * 1e3, "e2e_latency_s": p.e2e_s,

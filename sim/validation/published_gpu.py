@@ -322,15 +322,22 @@ def _dynamic(row: Row, profile) -> float:
     return b * row.gen / period
 
 
+def runtime_profile(runtime: str, profile):
+    """`profile` (a name or a Profile) as the row's runtime runs it: under TensorRT-LLM's PyTorch backend
+    (Row.runtime "pytorch") an engine profile hides launches and host work; fused and the eager profiles,
+    and every profile under the classic runtime, as named."""
+    if runtime != "pytorch":
+        return profile
+    resolved = get_profile(profile)
+    return pytorch_runtime(resolved) if resolved.launch_overhead_s is not None else profile
+
+
 def predict_row(row: Row, profile) -> float:
-    """The simulator's value of the row's metric under `profile` (a name or a Profile); an engine profile
-    runs under the row's runtime (Row.runtime: the PyTorch backend hides launches and host work)."""
+    """The simulator's value of the row's metric under `profile` (a name or a Profile), run under the row's
+    runtime (runtime_profile)."""
     if row.scope != "single-device":
         raise ValueError(f"row {row.index} ({row.id}) is out of scope: {row.scope}")
-    if row.runtime == "pytorch":
-        resolved = get_profile(profile)
-        if resolved.launch_overhead_s is not None:       # an engine profile (fused and the eager ones: as named)
-            profile = pytorch_runtime(resolved)
+    profile = runtime_profile(row.runtime, profile)
     return _dynamic(row, profile) if row.batch is None else _static(row, profile)
 
 
