@@ -1,7 +1,8 @@
 """Published and Hugging Face model names -> shipped specs (sim/models/names.yaml holds the table and the rules).
 
     resolve_name("meta-llama/Llama-3.3-70B-Instruct")   -> Resolution(spec="llama-3.1-70b", ...)
-    resolve_name("mistralai/Mixtral-8x7B-v0.1")         -> Resolution(spec=None, reason="a mixture-of-experts ...")
+    resolve_name("mistralai/Mixtral-8x7B-v0.1")         -> Resolution(spec="mixtral-8x7b", ...)
+    resolve_name("deepseek-ai/DeepSeek-V3")             -> Resolution(spec=None, reason="a mixture-of-experts ...")
 
 `sim.models.load_model` falls back to it for a name that is neither a shipped spec nor a path; the published-GPU
 rows (sim/validation/published_gpu.py) map their `model` column with it. The shipped specs' folder and names
@@ -82,7 +83,7 @@ def resolve_name(label: str) -> Resolution:
     if key in known:
         spec, note = known[key]
         return Resolution(text, spec, f"normal form {key!r}" + (f": {note}" if note else ""))
-    # an unsupported family matches with any suffix ("mixtral-8x7b-v0.1")
+    # an unsupported family matches with any suffix ("deepseek-v3-0324")
     hit = next((name for name in unsupported if key == name or key.startswith(name + "-")), None)
     if hit is not None:
         return Resolution(text, None, f"{text!r} is {unsupported[hit]}")
