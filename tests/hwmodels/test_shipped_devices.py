@@ -58,7 +58,7 @@ def test_h200_datasheet_numbers():
 @pytest.mark.parametrize("name, bw, bf16", [
     ("a100-40g-sxm", 1555e9, 312e12), ("a100-80g-sxm", 2039e9, 312e12), ("h100-sxm", 3.35e12, 989.4e12),
     ("mi300x", 5.3e12, 1307.4e12), ("l4", 300e9, 121e12), ("l40s", 864e9, 362.05e12),
-    ("tpu-v5e", 819e9, 197e12)])
+    ("tpu-v5e", 819e9, 197e12), ("b200", 8e12, 2250e12), ("gh200", 4e12, 989.4e12), ("gh200-144g", 4.9e12, 989.4e12)])
 def test_datasheet_bandwidth_and_dense_bf16(name, bw, bf16):
     device = load_device(name)
     assert device.memory_bw == pytest.approx(bw)
@@ -68,7 +68,7 @@ def test_datasheet_bandwidth_and_dense_bf16(name, bw, bf16):
 def test_dense_peaks_never_sparse():
     # The sparse figure is exactly twice the dense one; no shipped bf16 peak may equal it.
     sparse_bf16 = {"a100-40g-sxm": 624e12, "h100-sxm": 1979e12, "h200-sxm": 1979e12, "mi300x": 2614.9e12,
-                   "l4": 242e12, "l40s": 733e12}
+                   "l4": 242e12, "l40s": 733e12, "b200": 4500e12, "gh200": 1979e12, "gh200-144g": 1979e12}
     for name, sparse in sparse_bf16.items():
         assert load_device(name).peak_flops("bf16") < 0.6 * sparse
 
