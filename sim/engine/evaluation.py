@@ -6,6 +6,7 @@ import numpy as np
 
 from sim import capacity, kvlen, policies
 from sim.engine.latency import check_override, stacked_latency
+from sim.engine.memory import peak_kv_tokens
 from sim.engine.setup import Setup, make_setup, per_point_dtypes
 
 
@@ -33,7 +34,7 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
         appended = policies.get(s.policy).appended_tokens
         peak_tokens = np.array([max(float(kvlen.windowed(s.model, prompt[0])), held.max() + appended)])
     else:
-        peak_tokens = kvlen.peak_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model)
+        peak_tokens = peak_kv_tokens(s, prompt, gen, cache_ratio)     # the stack's (layer-wise prefill eviction)
     # one pass over the operator tables for the points and, stacked after them, the capacity batches:
     # prefill at (batch, all-at-once batch, steady prefill rows), decode at (batch, all at once, steady)
     if with_capacity:

@@ -46,6 +46,10 @@ class Profile:
     # decode: the attention kernel accumulates the H2O/Keyformer scores from its own softmax (no pass of
     # its own over the probabilities; sim.policies.scored.ScoredPolicy.decode_ops)
     score_in_attention: bool = False
+    # prefill: an evicting policy compresses each layer's cache right after that layer's prefill (kvpress-
+    # style forward hooks), so the prefill peak is one layer at the prompt and the others at what they keep
+    # (sim.engine.memory.peak_kv_tokens); False: every layer holds the whole prompt until the prefill ends
+    layerwise_prefill_eviction: bool = False
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):

@@ -12,16 +12,27 @@
                    newly allocated tensors (fresh pages on CPUs whose file has a fresh_alloc table);
   - greedy         argmax of the last position's logits (logits_to_keep=1: the LM head runs on one
                    position, at prefill too); no beam reorder;
+  - logits_fp32    generate() copies those logits to fp32 before the logits processors and the argmax
+                   (`outputs.logits[:, -1].to(copy=True, dtype=torch.float32)` in GenerationMixin._sample):
+                   rows x vocab read at the activation dtype, written and read again at 4 bytes, every step;
   - eager_glue     the modeling code's own elementwise kernels (norm internals, RoPE, activation,
                    residual adds), as hf-eager counts them (sim/profiles/eager.GLUE);
   - generate_step  the per-step work of generate() outside the layers (embedding, rotary tables, cache
                    position, logits processors, argmax, stopping criteria, input-id and mask growth):
                    HF_STEP_LAUNCHES top-level calls (counted, see below).
 Launches are top-level eager calls (`eager=True`: the device's calibrated eager_call_overhead_s).
+Memory on top of weights, KV and one layer's activations (`hf_memory_bytes`): torch.cat's output exists
+beside its inputs (one layer's K and V twice), the eager gated MLP holds three d_ff-wide tensors at once
+(act(gate), up and their product) where the shared rule counts two, the bf16 logits beside their fp32 copy.
+A policy that evicts runs layer by layer at prefill (`layerwise_prefill_eviction`): each layer's cache is
+compressed right after that layer's prefill (kvpress-style forward hooks), so the prefill peak holds the
+full prompt in one layer and the kept tokens in the others (sim.engine.memory.peak_kv_tokens).
 No fitted term: the profile is operators and counts; its CPU check is `traces.timing --stack hf
 --attn sdpa --beams 1` (docs/validation.md).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from sim.op import Op, OpContext
 from sim.profiles.base import DECODE_ATTENTION_OPS, Profile, register_profile
@@ -40,6 +51,17 @@ HF_DEFAULT_STEP_LAUNCHES = 51
 SDPA_LAUNCHES = {**EAGER_LAUNCHES, "attn_scores": 1, "softmax": 0, "attn_v": 0, "kv_write": 0}
 
 
+# bytes per logit of generate()'s fp32 copy: written once, read once by the argmax
+LOGIT_COPY_BYTES = 4 + 4
+
+
+def logits_fp32(ctx: OpContext) -> Op:
+    """generate()'s fp32 copy of the last position's logits and the argmax over it (once per step; its
+    launches are among HF_STEP_LAUNCHES, counted with the profiler)."""
+    logits = ctx.rows * ctx.model.vocab_size
+    return Op("logits_fp32", False, flops=logits, act_bytes=logits * (ctx.ab + LOGIT_COPY_BYTES), launches=0)
+
+
 def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
     m = ctx.model
     past, keys = ctx.past_tokens, held_keys(ctx)
@@ -50,6 +72,7 @@ def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
         eager_glue(ctx, HF_GLUE_LAUNCHES.get(m.model_type)),
         Op("generate_step", False, act_bytes=ctx.rows * m.d_model * ctx.ab,
            launches=HF_STEP_LAUNCHES.get(m.model_type, HF_DEFAULT_STEP_LAUNCHES)),
+        logits_fp32(ctx),
     ]
 
 
@@ -71,7 +94,21 @@ def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
 
 
 def hf_sdpa_prefill_ops(ctx: OpContext) -> list[Op]:
-    return [eager_glue(ctx, HF_GLUE_LAUNCHES.get(ctx.model.model_type))]
+    ops = [eager_glue(ctx, HF_GLUE_LAUNCHES.get(ctx.model.model_type))]
+    return ops + [logits_fp32(ctx)] if ctx.completes_prompt else ops
+
+
+def hf_memory_bytes(setup, rows, kv_tokens, prompt):
+    """What the eager transformers stack holds beyond sim.capacity.memory's weights, KV, one layer's
+    activations and fp32 logits: torch.cat's new cache beside the old one (one layer's K and V at the
+    larger of the prompt, whose K/V the prefill concatenates, and the held tokens), the gated MLP's third
+    d_ff-wide tensor per prefill token (act(gate) * up beside both factors), the logits at the activation
+    dtype beside their fp32 copy."""
+    m, rows = setup.model, np.asarray(rows, float)
+    one_layer_kv = 2.0 * m.n_kv_heads * m.head_dim * setup.kvb
+    cat_copy = rows * np.maximum(np.asarray(kv_tokens, float), np.asarray(prompt, float)) * one_layer_kv
+    mlp_third = rows * np.asarray(prompt, float) * m.d_ff * setup.ab if m.gated_mlp else 0.0
+    return cat_copy + mlp_third + rows * m.vocab_size * setup.ab
 
 
 PROFILE = HF = register_profile(Profile(
@@ -86,4 +123,6 @@ PROFILE = HF = register_profile(Profile(
     extra_prefill_ops=hf_sdpa_prefill_ops,
     eager=True,
     adjust_ops=sdpa_decode_rate,
+    extra_memory_bytes=hf_memory_bytes,
+    layerwise_prefill_eviction=True,
 ))
