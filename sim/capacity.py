@@ -7,10 +7,22 @@ Two answers to "how large a batch fits":
   (the whole prompt during prefill, full attention its final n + gen). What a static batch needs, and
   what a server that reserves each request's peak at admission (the DES's `--admission reserve`) runs.
 - steady state (`max_batch`): continuous batching with on-demand KV blocks (vLLM's PagedAttention, the
-  DES's default `--admission paged`). Only the requests being prefilled hold their whole prompt; the
-  others hold what they keep, averaged over a request's life: k + 1 for evicting policies, prompt +
-  generated so far for full attention (n + gen/2). A stack without continuous batching (a profile
-  with no prefill chunking, e.g. hf-eager's static batches) gets the all-at-once answer.
+  DES's default `--admission paged`). The requests in flight are at every point of their lives at once,
+  so each counts at what it holds averaged over its life of prefill steps and decode steps
+  (`life_tokens`): its prompt while it is prefilled (one step per prefill chunk), then what it keeps at
+  each decode step (prompt + generated so far for full attention, k + 1 for an evicting policy). For
+  128 + 2048 that is about n + g/2 = 1,152 tokens a request, where counting a whole chunk's worth of
+  requests (64 of 128 tokens) at their bare prompt overstated the batch by 45%. One chunk of prefill
+  activations is held as workspace. A stack without continuous batching (a profile with no prefill
+  chunking, e.g. hf-eager's static batches) gets the all-at-once answer.
+
+The DES at --qps inf (`sim.serve`, chunked prefill of the profile's chunk) sustains this batch within a few
+percent once its window excludes the first lives and the drain (tests/sim/test_capacity_steady.py). What
+the analytic steady state does not model: KV blocks (the DES rounds what a request holds up to whole
+blocks of --block-size tokens: + block/2 a request for a growing cache, up to a block for an evicting
+one, e.g. k + 1 = 65 held in 80), and the waves that identical requests arriving at once run in without
+chunked prefill (prefill-first steps admit a cohort that then finishes together; 2048 + 128 full sustains
+0.83 of the steady batch there, docs/metrics.md "Steady state").
 """
 from __future__ import annotations
 
@@ -99,32 +111,41 @@ def continuous(s) -> bool:
 
 
 def prefilling(s, batch, prompt):
-    """Requests of a steady-state batch that are being prefilled at once, holding their whole prompt: as
-    many prompts as one prefill chunk takes (at least one, at most the batch)."""
+    """Prompts one prefill chunk takes at once (at least one, at most the batch): the rows of the prefill
+    activation workspace and of the prefill steps that `saturated_tokens_per_s` times."""
     per_chunk = np.maximum(np.floor(float(s.profile.prefill_chunk_tokens) / np.asarray(prompt, float)), 1.0)
     return np.minimum(np.asarray(batch, float), per_chunk)
 
 
-def steady_memory(s, batch, beams, prompt, prompt_tokens, held_tokens):
-    """Memory of a steady-state batch: the prefilling requests hold `prompt_tokens` each (the whole
-    prompt), the others `held_tokens` (what they keep, averaged over their lives); one chunk of prefill
-    activations."""
+def life_tokens(s, prompt, gen, prompt_tokens, held_tokens):
+    """Tokens per KV head a request holds averaged over the steps of its life in a continuous batch: P
+    prefill steps (P = ceil(n / chunk); step j holds the j chunks computed so far, `prompt_tokens` once all
+    are) and gen - 1 decode steps holding `held_tokens` on average (the policy's steady_kv_tokens)."""
+    n, decode_steps = np.asarray(prompt, float), np.maximum(np.asarray(gen, float) - 1.0, 0.0)
+    chunks = np.maximum(np.ceil(n / float(s.profile.prefill_chunk_tokens)), 1.0)
+    prefill_mean = np.asarray(prompt_tokens, float) * (chunks + 1.0) / (2.0 * chunks)   # j/P of it at step j
+    return (chunks * prefill_mean + decode_steps * np.asarray(held_tokens, float)) / (chunks + decode_steps)
+
+
+def steady_memory(s, batch, beams, prompt, gen, prompt_tokens, held_tokens):
+    """Memory of a steady-state batch: every request at `life_tokens` (its prompt while prefilled, then
+    what it keeps), plus one chunk of prefill activations."""
     pre = prefilling(s, batch, prompt)
-    rows = batch * beams
-    mean_tokens = (pre * prompt_tokens + (batch - pre) * held_tokens) / np.maximum(batch, 1.0)
-    return memory(s, rows, mean_tokens, prompt, prefill_rows=pre * beams)
+    return memory(s, batch * beams, life_tokens(s, prompt, gen, prompt_tokens, held_tokens), prompt,
+                  prefill_rows=pre * beams)
 
 
-def max_batch_steady(s, prompt, beams, peak_tokens, prompt_tokens, held_tokens):
+def max_batch_steady(s, prompt, beams, peak_tokens, prompt_tokens, held_tokens, gen):
     """Largest steady-state batch under continuous batching (the all-at-once answer for static stacks)."""
     if not continuous(s):
         return max_batch_all_at_once(s, prompt, beams, peak_tokens)
     cap = float(s.hw.memory_bytes)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, beams, prompt_tokens, held_tokens, s.wb, s.kvb)))
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (prompt, gen, beams, prompt_tokens, held_tokens, s.wb,
+                                                        s.kvb)))
     chunk, n = float(s.profile.prefill_chunk_tokens), np.asarray(prompt, float)
     knots = (prefilling(s, MAX_BATCH_LIMIT, n), chunk / (np.asarray(beams, float) * n))
-    return _largest(lambda b: steady_memory(s, b, beams, prompt, prompt_tokens, held_tokens), cap, shape,
-                    _batch_bound(s, beams, np.minimum(prompt_tokens, held_tokens)), knots)
+    return _largest(lambda b: steady_memory(s, b, beams, prompt, gen, prompt_tokens, held_tokens), cap, shape,
+                    _batch_bound(s, beams, life_tokens(s, prompt, gen, prompt_tokens, held_tokens)), knots)
 
 
 def held_tokens_from_override(policy: str, kv_rows) -> float:

@@ -34,7 +34,16 @@ class AnalyticTimer:
         return engine.mixed_step_time(self.hw, self.model, kv, chunks, **self._prefill_kw)
 
 
-class PolicyKV:
+class _KVSource:
+    """What every KV source of a model says about its prefill (the scheduler's `prompt_kv`)."""
+    model = None
+
+    def prompt_kv(self, tokens):
+        """Tokens per KV head a prefill of `tokens` leaves held (sliding-window layers: their window)."""
+        return kvlen.windowed(self.model, tokens)
+
+
+class PolicyKV(_KVSource):
     """Cached tokens per KV head at each decode step from the policy's formula (sim.kvlen); with `model`,
     the mean over its layers (sliding-window layers hold at most their window)."""
 
@@ -52,7 +61,7 @@ class PolicyKV:
         return self._cache[key]
 
 
-class TraceKV:
+class TraceKV(_KVSource):
     """Cached tokens per KV head from a captured trace (traces.Trace.kv_override_per_sample), so that
     heterogeneous budgets across requests, layers and heads cost what they cost in the real run.
 

@@ -14,6 +14,7 @@ Only completed requests enter the statistics; dropped requests are counted separ
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,6 +108,29 @@ class ServeResult:
             elif key not in ("config", "drop_reasons"):
                 row[key] = value
         return row
+
+
+def steady_window(res: ServeResult) -> dict[str, float]:
+    """The run's steady state: the window from the first completion (the first requests have lived a whole
+    life, so the batch holds requests of every age) to the last admission (after it the batch only
+    drains), and over it the time-weighted requests in flight, KV bytes held, and output tokens/s (one per
+    decode, one per first token). What the analytic steady-state batch (sim.capacity.max_batch_steady) is
+    compared with; NaN values when the run has no such window (nothing completed before the last admission)."""
+    tl, req = res.timeline, res.requests
+    done = req.completed.to_numpy()
+    start = float(req.finish_s[done].min()) if done.any() else math.nan
+    end = float(req.first_scheduled_s.max())
+    t, dt = tl.t_s.to_numpy(), tl.dt_s.to_numpy()
+    inside = (t >= start) & (t + dt <= end)
+    span = float(dt[inside].sum())
+    if not span > 0:
+        return {"start_s": start, "end_s": end, "in_flight": math.nan, "kv_bytes": math.nan,
+                "tokens_per_s": math.nan}
+    first = req.first_token_s.to_numpy()
+    firsts = int(((first >= t[inside].min()) & (first <= (t + dt)[inside].max())).sum())
+    mean = lambda column: float((tl[column].to_numpy()[inside] * dt[inside]).sum() / span)
+    return {"start_s": start, "end_s": end, "in_flight": mean("in_flight"), "kv_bytes": mean("kv_bytes"),
+            "tokens_per_s": float((tl.decodes.to_numpy()[inside].sum() + firsts) / span)}
 
 
 def _busy_by_kind(dt: np.ndarray, decodes: np.ndarray, prefill_tokens: np.ndarray) -> dict[str, float]:

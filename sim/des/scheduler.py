@@ -13,7 +13,8 @@ holds kv[t] + 1 tokens while it runs (an evicting policy then drops one to retur
 
 Memory (`admission='paged'`, the default, vLLM's on-demand PagedAttention allocation):
 - a request holds the blocks of the tokens it has materialised; a prefill materialises every token it
-  computes (eviction policies too: they score the whole prompt, then evict), a decode step needs the
+  computes (eviction policies too: they score the whole prompt, then evict; a sliding-window layer keeps
+  at most its window, as vLLM allocates it), a decode step needs the
   blocks of kv[t] + 1; after a step a request keeps min(held, blocks(next step's need)), so an evicting
   policy drops to its budget after prefill and full attention grows a block every `block_tokens` steps;
 - new requests are admitted FCFS while their prefill fits in the free blocks minus a watermark
@@ -21,9 +22,10 @@ Memory (`admission='paged'`, the default, vLLM's on-demand PagedAttention alloca
 - when running requests cannot grow, the most recently admitted request is preempted: its blocks are
   freed and it returns to the head of the queue; on readmission it recomputes prompt + generated tokens
   in one prefill (vLLM's recompute preemption), which emits its next token.
-`admission='reserve'` instead reserves each request's peak need (max over prefill and all decode steps)
-at admission and keeps it until completion: no preemption can occur, at the price of fewer concurrent
-requests for full attention.
+`admission='reserve'` instead reserves each request's peak need (max over prefill and all decode steps,
+sliding windows honoured) at admission; once its prefill is done it keeps the peak of its remaining decode
+steps (an evicting policy gives back what only its prompt needed) until completion: no preemption can
+occur, at the price of fewer concurrent requests for full attention.
 
 A request that cannot fit in an empty KV pool is dropped (reported, never silently lost).
 """
@@ -34,7 +36,7 @@ from collections import deque
 import numpy as np
 
 from .arrivals import Workload
-from .kvmemory import BlockPool, kv_schedule_table
+from .kvmemory import BlockPool, kv_schedule_table, prefill_held
 from .step_plan import ADMISSION_MODES, DEFAULT_WATERMARK, KVLengths, SchedulerConfig, StepPlan
 
 __all__ = ["ADMISSION_MODES", "DEFAULT_WATERMARK", "KVLengths", "Scheduler", "SchedulerConfig", "StepPlan"]
@@ -79,7 +81,9 @@ class Scheduler:
     # ---- setup -------------------------------------------------------------------------------------
     # ---- setup -------------------------------------------------------------------------------------
     def _build_kv_table(self, kv: KVLengths) -> None:
-        self.kv_flat, self.kv_offset, self.peak_blocks = kv_schedule_table(kv, self.prompt, self.output, self.pool)
+        self.kv_flat, self.kv_offset, self.peak_blocks, self.decode_peak_blocks = kv_schedule_table(
+            kv, self.prompt, self.output, self.pool)
+        self._prefill_held = prefill_held(kv)
 
     # ---- queue -------------------------------------------------------------------------------------
     def arrive(self, i: int, now: float) -> None:
@@ -110,7 +114,7 @@ class Scheduler:
     def _admission_blocks(self, i: int, tokens: int) -> int:
         if self.cfg.admission == "reserve":
             return int(self.peak_blocks[i])
-        return int(self.pool.blocks_for(tokens))
+        return int(self.pool.blocks_for(self._prefill_held(tokens)))
 
     def _watermark_blocks(self) -> int:
         if self.cfg.admission == "reserve":
@@ -301,6 +305,8 @@ class Scheduler:
             self.running = np.append(self.running, i)
             if self.cfg.admission == "paged":
                 self._shrink(np.array([i]))
+            else:
+                self._release_prompt_reservation(i)
         return completed
 
     def _shrink(self, ids: np.ndarray) -> None:
@@ -310,6 +316,15 @@ class Scheduler:
         if freed:
             self.held[ids] = keep
             self.pool.release(freed)
+
+    def _release_prompt_reservation(self, i: int) -> None:
+        """Reserve admission, prefill done: keep the peak of the decode steps still to run (an evicting
+        policy's budget; full attention's final length, all of it) and free the rest, which only the prompt
+        needed: the reservation still covers everything the request can hold, so no preemption can occur."""
+        keep = min(int(self.held[i]), int(self.decode_peak_blocks[i]))
+        if keep < self.held[i]:
+            self.pool.release(int(self.held[i]) - keep)
+            self.held[i] = keep
 
     def _complete(self, ids: np.ndarray, now: float) -> None:
         self.finish[ids] = now

@@ -73,7 +73,7 @@ def capacity_batches(s: Setup, beams, prompt, gen, cache_ratio, kv_override, pea
         return every, every, np.maximum(every, 1).astype(float)
     held = (kvlen.steady_kv_tokens(s.policy, prompt, gen, cache_ratio, model=s.model) if kv_override is None
             else np.array([capacity.held_tokens_from_override(s.policy, kv_override)]))
-    steady = capacity.max_batch_steady(s, prompt, beams, peak_tokens, kvlen.windowed(s.model, prompt), held)
+    steady = capacity.max_batch_steady(s, prompt, beams, peak_tokens, kvlen.windowed(s.model, prompt), held, gen)
     return every, steady, capacity.prefilling(s, np.maximum(steady, 1), prompt)
 
 

@@ -44,14 +44,15 @@ def peak_kv_tokens(s, prompt, gen, cache_ratio):
 
 def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
               weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
-    """Largest batch (requests) in the steady state of continuous batching: only the requests being
-    prefilled hold their whole prompt, the others what they keep (sim.capacity); 0 when not even one
+    """Largest batch (requests) in the steady state of continuous batching: each request at what it holds
+    averaged over its life, its prompt while prefilled, then what it keeps (sim.capacity); 0 when not even one
     request fits. `kv_peak_tokens` only matters to stacks without continuous batching."""
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
     n = np.asarray(prompt, float)
     peak = peak_kv_tokens(s, n, gen, cache_ratio) if kv_peak_tokens is None else np.asarray(kv_peak_tokens, float)
     return capacity.max_batch_steady(s, n, np.asarray(beams, float), peak, kvlen.windowed(s.model, n),
-                                     kvlen.steady_kv_tokens(s.policy, n, gen, cache_ratio, model=s.model))
+                                     kvlen.steady_kv_tokens(s.policy, n, gen, cache_ratio, model=s.model),
+                                     np.asarray(gen, float))
 
 
 def max_batch_all_at_once(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
