@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ import pandas as pd
 
 from kvcommon import FieldError
 from sim.des.lengths import LengthDist, draw_lengths
+from sim.des.trace_file import resolve as resolve_trace
 
 ARRIVAL_KINDS = ("poisson", "gamma")
 
@@ -38,6 +39,8 @@ class Workload:
     prompt_tokens: np.ndarray  # int64 >= 1
     output_tokens: np.ndarray  # int64 >= 1 (tokens to generate, the first one comes from prefill)
     source: str                # "poisson", "gamma(cv=2)", or the replay file path
+    # a replayed trace's provenance (sim.des.workload): its name, window, time scale, overlong requests
+    notes: dict = field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.arrival_s)
@@ -64,6 +67,14 @@ def _gaps(kind: str, qps: float, n: int, cv: float, rng: np.random.Generator) ->
     return rng.gamma(shape, 1.0 / (qps * shape), size=n)
 
 
+def arrival_times(qps: float, n: int, *, cv: float = 1.0, seed: int = 0) -> np.ndarray:
+    """n arrival times of a gamma process at `qps` (cv 1: Poisson; inf: all at t = 0), the first at 0, as
+    vLLM's benchmark sends them (its --burstiness B is cv = 1 / sqrt(B))."""
+    gaps = _gaps("poisson" if cv == 1.0 else "gamma", qps, n, cv, np.random.default_rng(seed))
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
 def synthetic_workload(kind: str, qps: float, requests: int, prompt: int, gen: int, *,
                        cv: float = 1.0, seed: int = 0, prompt_dist="fixed", gen_dist="fixed") -> Workload:
     """`requests` requests arriving as a Poisson or gamma process at `qps`, their lengths `prompt` and
@@ -88,7 +99,14 @@ def synthetic_workload(kind: str, qps: float, requests: int, prompt: int, gen: i
     pdist, gdist = LengthDist.parse(prompt_dist), LengthDist.parse(gen_dist)
     source += "".join(f", {what} lengths {d}" for what, d in (("prompt", pdist), ("output", gdist)) if not d.is_fixed)
     prompts, outputs = draw_lengths(prompt, gen, requests, seed, pdist, gdist)
-    return Workload(arrival, prompts, outputs, source)
+    notes = {}
+    for what, d in (("prompt", pdist), ("output", gdist)):
+        if d.kind == "empirical":
+            notes[f"{what}_lengths_from"] = d.source
+            attribution = resolve_trace(d.source)[2]
+            if attribution:
+                notes["attribution"] = attribution
+    return Workload(arrival, prompts, outputs, source, notes)
 
 
 def _pick_column(frame: pd.DataFrame, names: tuple[str, ...], what: str, path: Path) -> str:

@@ -20,6 +20,7 @@ from sim.des.scheduler import ADMISSION_MODES
 from sim.des.serving import ServeConfig, run_config
 from sim.des.slo import SLO, find_max_qps
 from sim.parallel import cli as deployment
+from sim.policies import variants
 
 DESCRIPTION = "Discrete-event simulation of one accelerator serving a request stream (vLLM-like continuous batching)."
 
@@ -28,10 +29,15 @@ def _parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m sim.serve", description=DESCRIPTION,
                            formatter_class=cli.DefaultsHelpFormatter)
     # the design-point flags come from kvcommon.DesignPoint's fields (one default, one check per parameter)
+    # --policy takes variants, --cache-ratio is required but for full (sim.policies.variants: one rule, every CLI)
     add_flags(p, DesignPoint, ("hw", "model", "policy", "cache_ratio", "recent_ratio"), required=("hw", "model"),
-              choices={"policy": policies.NAMES})
-    p.add_argument("--qps", type=float, default=math.inf, help="request rate (requests/s); inf = all at t=0")
+              defaults={"cache_ratio": None, "recent_ratio": None},
+              help={"policy": variants.policy_help(policies.NAMES), "cache_ratio": variants.CACHE_RATIO_HELP,
+                    "recent_ratio": variants.RECENT_RATIO_HELP})
+    p.add_argument("--qps", type=float, default=None, help="request rate (requests/s; default inf = all at t=0); "
+                   "with --workload the rate its arrivals are time-scaled to (default: as recorded)")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: 100, or the whole file)")
+    add_flags(p, ServeConfig, ("request_trace", "window", "max_model_len", "overlong", "step_grid"))
     add_flags(p, DesignPoint, ("prompt", "gen"), defaults={"prompt": None, "gen": None},
               help={"gen": "output tokens per request"})
     p.add_argument("--arrivals", default="poisson", help="poisson | gamma | CSV/JSONL file (arrival_s, "
@@ -79,6 +85,17 @@ def _write_csv(frame, path: str) -> None:
     cli.atomic_writer(Path(path), lambda tmp: frame.to_csv(tmp, index=False))
 
 
+def replay_lines(notes: dict | None) -> list[str]:
+    """A replayed trace's overlong count (always shown, zero too) and its attribution."""
+    if not notes or "overlong" not in notes:
+        return [f"lengths: {notes['attribution']}"] if notes and notes.get("attribution") else []
+    lines = [f"overlong requests (prompt + output > {notes['max_model_len']} tokens): "
+             f"{notes['overlong_requests']} {'dropped' if notes['overlong'] == 'drop' else 'clipped'}"]
+    if notes.get("attribution"):
+        lines.append(f"trace: {notes['attribution']}")
+    return lines
+
+
 def _durations(stats: dict) -> list[str]:
     return [cli.duration(stats[k]) for k in STAT_KEYS]
 
@@ -107,7 +124,9 @@ def format_report(res: ServeResult) -> str:
     lines = [
         f"simulated serving: {c['model']} on {c['hw']}, policy {c['policy']} (cache ratio {c['cache_ratio']:g}), "
         f"{c['admission']} admission, KV from {c['kv_source']}",
-        f"workload: {c['requests']} requests, {c['workload']}, qps {c['qps']:g}",
+        f"workload: {c['requests']} requests, {c['workload']}"
+        + (f", qps {c['qps']:g}" if c.get("qps") is not None else ""),
+        *replay_lines(c.get("replay")),
         *([f"devices: tp {c['tp']} x pp {c['pp']} (KV capacity and memory per device)"] if "tp" in c else []),
         "",
         f"{'completed / dropped':32s}{res.completed} / {res.dropped}",
@@ -138,7 +157,8 @@ def format_report(res: ServeResult) -> str:
 
 def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    if args.arrivals in ARRIVAL_KINDS and args.requests is None:
+    replay_flags(args)
+    if args.arrivals in ARRIVAL_KINDS and args.requests is None and args.request_trace is None:
         args.requests = 100
     for flag, path in (("--timeline", args.timeline), ("--per-request", args.per_request)):
         if path:
@@ -148,14 +168,17 @@ def _main(argv=None) -> int:
         note = cli.check_context(load_model(args.model), args.prompt + args.gen, "--prompt + --gen")
         if note:
             print(f"warning: {note}", file=sys.stderr)
-    estimate = run_estimate(args.requests, args.gen)
+    estimate = run_estimate(args.requests, args.gen) if args.request_trace is None else None
     if estimate:
         print(f"warning: {estimate}", file=sys.stderr)
     if args.arrivals not in ARRIVAL_KINDS and (args.prompt_dist != "fixed" or args.gen_dist != "fixed"):
         raise cli.UserError("--prompt-dist / --gen-dist draw synthetic lengths: a replay file (--arrivals FILE) "
                             "gives its own")
-    if args.arrivals in ARRIVAL_KINDS and (args.prompt is None or args.gen is None):
+    if args.arrivals in ARRIVAL_KINDS and args.request_trace is None and (args.prompt is None or args.gen is None) \
+            and not _empirical(args):
         raise cli.UserError(f"--arrivals {args.arrivals} needs --requests, --prompt and --gen")
+    variant, args.recent_ratio = variants.resolve(args.policy, policies.NAMES, args.recent_ratio)
+    args.policy, args.cache_ratio = variant.label, variants.require_cache_ratio(variant, args.cache_ratio)
     cfg = serve_config(
         hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
         recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,
@@ -165,7 +188,8 @@ def _main(argv=None) -> int:
         chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
         admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
         trace=args.trace, trace_heads=args.trace_heads, tp=args.tp, pp=args.pp, layout=args.name,
-        compact_every=args.compact_every)
+        compact_every=args.compact_every, request_trace=args.request_trace, window=args.window,
+        max_model_len=args.max_model_len, overlong=args.overlong, step_grid=args.step_grid)
     slo = _slo(args)
     if args.find_max_qps:
         return _search(cfg, slo, args)
@@ -181,6 +205,29 @@ def _main(argv=None) -> int:
         _write_csv(res.requests, args.per_request)
     print(json.dumps(_jsonable(res.to_dict())) if args.json else format_report(res))
     return 0
+
+
+def _empirical(args) -> bool:
+    """Both lengths have a source: given, or the mean of an empirical distribution."""
+    return all(getattr(args, name) is not None or str(getattr(args, f"{name}_dist")).startswith("empirical:")
+               for name in ("prompt", "gen"))
+
+
+def replay_flags(args) -> None:
+    """--workload's flags: a trace replaces --arrivals and the length flags; --window and --max-model-len
+    only mean something with one; --qps defaults to inf (synthetic) or the recorded rate (a trace)."""
+    if args.request_trace is None:
+        for flag, value in (("--window", args.window), ("--max-model-len", args.max_model_len)):
+            if value is not None:
+                raise cli.UserError(f"{flag} applies to a replayed trace: add --workload")
+        if args.qps is None:
+            args.qps = math.inf
+        return
+    given = [flag for flag, value, unset in (("--arrivals", args.arrivals, "poisson"), ("--prompt", args.prompt, None),
+                                             ("--gen", args.gen, None), ("--prompt-dist", args.prompt_dist, "fixed"),
+                                             ("--gen-dist", args.gen_dist, "fixed")) if value != unset]
+    if given:
+        raise cli.UserError(f"--workload {args.request_trace} gives the arrivals and lengths: drop {', '.join(given)}")
 
 
 def _slo(args) -> SLO:

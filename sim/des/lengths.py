@@ -8,7 +8,10 @@ workload exactly:
 - `uniform:W` (0 <= W <= 1): whole numbers uniform on [round(m (1 - W)), round(m (1 + W))], mean m
   (`uniform:1` spans 0..2m, clipped to >= 1);
 - `lognormal:S` (S > 0): a lognormal with mean m and log-space standard deviation S
-  (mu = ln m - S^2 / 2; median m exp(-S^2 / 2)); S = 1 gives ShareGPT-like heavy tails.
+  (mu = ln m - S^2 / 2; median m exp(-S^2 / 2)); S = 1 gives ShareGPT-like heavy tails;
+- `empirical:TRACE` (a request trace: azure-code-2023, azure-conv-2023 or a CSV/JSONL file, see
+  sim.des.trace_file): the trace's own prompt (or output) lengths, drawn with replacement, scaled so
+  their mean is m (a run that gives no prompt / gen takes the trace's mean: the lengths as recorded).
 
 Draws are rounded to whole tokens and clipped to >= 1 token; they are not clipped to the model's context
 (sim.serve warns past it, as for fixed lengths). Each distribution draws from its own stream of the
@@ -19,17 +22,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
-LENGTH_DISTS = ("fixed", "uniform", "lognormal")
-SPEC_HELP = "fixed | uniform:W (0..1, lengths m(1-W)..m(1+W)) | lognormal:S (log-space sigma); the mean is the length"
+from sim.des.trace_file import load_trace, resolve
+
+LENGTH_DISTS = ("fixed", "uniform", "lognormal", "empirical")
+SPEC_HELP = ("fixed | uniform:W (0..1, lengths m(1-W)..m(1+W)) | lognormal:S (log-space sigma) | empirical:TRACE "
+             "(a trace's lengths); the mean is the length")
+
+
+@lru_cache(maxsize=8)
+def _trace_lengths(path: str, mtime: float, spec: str) -> dict[str, np.ndarray]:
+    trace = load_trace(spec)
+    return {"prompt": trace.prompt_tokens, "output": trace.output_tokens}
+
+
+def empirical_lengths(spec: str, role: str) -> np.ndarray:
+    """The prompt or output lengths of the request trace `spec` (read once per file version)."""
+    path = resolve(spec)[0]
+    return _trace_lengths(str(Path(path).resolve()), path.stat().st_mtime, spec)[role]
 
 
 @dataclass(frozen=True)
 class LengthDist:
     kind: str = "fixed"
     param: float | None = None
+    source: str | None = None      # empirical: the request trace the lengths come from
 
     @classmethod
     def parse(cls, spec: str) -> "LengthDist":
@@ -45,6 +66,11 @@ class LengthDist:
             if arg:
                 raise ValueError("fixed takes no parameter")
             return cls("fixed")
+        if kind == "empirical":
+            if not arg.strip():
+                raise ValueError("empirical needs a request trace (empirical:azure-conv-2023 or empirical:FILE)")
+            empirical_lengths(arg.strip(), "prompt")      # a missing or malformed trace fails here
+            return cls("empirical", None, arg.strip())
         try:
             value = float(arg)
         except ValueError:
@@ -60,12 +86,23 @@ class LengthDist:
         return self.kind == "fixed"
 
     def __str__(self) -> str:
+        if self.kind == "empirical":
+            return f"empirical:{self.source}"
         return self.kind if self.is_fixed else f"{self.kind}:{self.param:g}"
 
-    def sample(self, mean: int, n: int, rng: np.random.Generator | None) -> np.ndarray:
-        """n whole lengths >= 1 whose expected value is (close to) `mean`."""
+    def mean_length(self, role: str) -> int:
+        """empirical: the trace's mean prompt or output length, in whole tokens."""
+        return max(int(round(float(empirical_lengths(self.source, role).mean()))), 1)
+
+    def sample(self, mean: int, n: int, rng: np.random.Generator | None, role: str = "prompt") -> np.ndarray:
+        """n whole lengths >= 1 whose expected value is (close to) `mean` (role: which lengths of an
+        empirical trace, prompt or output)."""
         if self.is_fixed:
             return np.full(n, mean, dtype=np.int64)
+        if self.kind == "empirical":
+            values = empirical_lengths(self.source, role)
+            draws = rng.choice(values, size=n) * (mean / float(values.mean()))
+            return np.maximum(np.rint(draws), 1).astype(np.int64)
         if self.kind == "uniform":
             lo, hi = round(mean * (1 - self.param)), round(mean * (1 + self.param))
             draws = rng.integers(lo, hi + 1, size=n)
@@ -80,12 +117,12 @@ def check_spec(spec) -> str | None:
     try:
         LengthDist.parse(spec)
     except ValueError as exc:
-        return f"must be fixed, uniform:W (0 <= W <= 1) or lognormal:S (S > 0) ({exc})"
+        return f"must be fixed, uniform:W (0 <= W <= 1), lognormal:S (S > 0) or empirical:TRACE ({exc})"
     return None
 
 
 def draw_lengths(prompt: int, gen: int, n: int, seed: int, prompt_dist="fixed", gen_dist="fixed"):
     """(prompt_tokens, output_tokens) arrays of n requests; fixed draws nothing."""
     p, g = LengthDist.parse(prompt_dist), LengthDist.parse(gen_dist)
-    return (p.sample(prompt, n, None if p.is_fixed else np.random.default_rng([seed, 1])),
-            g.sample(gen, n, None if g.is_fixed else np.random.default_rng([seed, 2])))
+    return (p.sample(prompt, n, None if p.is_fixed else np.random.default_rng([seed, 1]), "prompt"),
+            g.sample(gen, n, None if g.is_fixed else np.random.default_rng([seed, 2]), "output"))

@@ -17,6 +17,8 @@ from sim.des.lengths import SPEC_HELP, LengthDist, check_spec
 from sim.des.metrics import ServeResult, build_result
 from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, SchedulerConfig
 from sim.des.server import ServingSimulation
+from sim.des.step_grid import GridDecodeTimer
+from sim.des.workload import OVERLONG_MODES, check_window, replay_workload
 from sim.parallel.shard import shard_model
 from sim.parallel.timer import ParallelTimer
 from sim.layouts import Layout, apply_layout
@@ -45,7 +47,8 @@ class ServeConfig:
     # the design-point parameters keep kvcommon.DesignPoint's one default and one check each
     cache_ratio: float = param(DEFAULT_CACHE_RATIO, check=CACHE_RATIO_RANGE)
     recent_ratio: float = param(DEFAULT_RECENT_RATIO, check=RECENT_RATIO_RANGE)
-    qps: float = param(math.inf, check=lambda v: None if v > 0 else "must be > 0 (or inf)")
+    # with a request_trace: the rate it is time-scaled to (None: as recorded)
+    qps: float | None = param(math.inf, check=lambda v: None if v > 0 else "must be > 0 (or inf)")
     requests: int | None = 100
     prompt: int | None = None
     gen: int | None = None
@@ -80,17 +83,72 @@ class ServeConfig:
     # how the engine stores the trace's kept tokens (sim.layouts; its blocks are block_size tokens)
     layout: str = same_as(Layout, "name")
     compact_every: int | None = same_as(Layout, "compact_every")   # compaction interval in decode steps
+    # a request trace replayed as the workload (sim.des.workload): its arrival times and lengths
+    request_trace: Any = param(None, flag="--workload", metavar="TRACE",
+                               help="replay a request trace: azure-code-2023 | azure-conv-2023 (read from "
+                                    "../shared/data) | a CSV/JSONL file (arrival time, prompt and output tokens "
+                                    "per row); --qps time-scales its arrivals to that rate (default: as recorded)")
+    window: str | None = param(None, check=check_window, metavar="START:END",
+                               help="--workload: replay only the requests arriving in [START, END) seconds from "
+                                    "the trace's first one (e.g. 0:600)")
+    max_model_len: int | None = param(None, check=at_least(2), metavar="TOKENS",
+                                      help="--workload: context limit of the served model (default: its max "
+                                           "positions); longer requests are handled as --overlong says")
+    overlong: str = param("drop", choices=OVERLONG_MODES,
+                          help="--workload: requests with prompt + output over --max-model-len are dropped "
+                               "(a server rejects them) or clipped to fit; their number is reported")
+    # decode-step times interpolated on a grid of the mean KV length (sim.des.step_grid); None: every step exact
+    step_grid: int | None = param(None, check=at_least(1), metavar="N",
+                                  help="time decode steps on a grid of N points per doubling of the mean KV "
+                                       "length, interpolated (relative error < 1e-4 at 64; long replays run "
+                                       "several times faster); default: every step exact")
 
     def __post_init__(self):
         """Errors name the field (`qps must be > 0 (or inf), got 0`); the CLI words them as flags."""
         kvlen.check_policy(self.policy)
         validate(self)
-        if self.arrivals in ARRIVAL_KINDS and (self.prompt is None or self.gen is None or self.requests is None):
+        if self.request_trace is not None:
+            self._check_replay()
+        elif self.qps is None:
+            raise ValueError("qps None (as recorded) needs a request_trace")
+        elif self.window is not None:
+            raise ValueError("window selects part of a request_trace: give one")
+        self._empirical_means()
+        if self.request_trace is None and self.arrivals in ARRIVAL_KINDS and (
+                self.prompt is None or self.gen is None or self.requests is None):
             raise ValueError(f"arrivals {self.arrivals} needs requests, prompt and gen")
         if (self.prompt_dist != "fixed" or self.gen_dist != "fixed") and self.arrivals not in ARRIVAL_KINDS:
             raise ValueError("prompt_dist and gen_dist draw synthetic lengths: a replay file gives its own")
         if not self.kv_layout.is_plain and self.trace is None:
             raise ValueError("layout and compact_every need a trace: the block accounting replays its kept positions")
+
+    def _check_replay(self):
+        if self.arrivals != "poisson":
+            raise ValueError("request_trace gives the arrivals: leave arrivals at its default")
+        if self.prompt_dist != "fixed" or self.gen_dist != "fixed":
+            raise ValueError("prompt_dist and gen_dist draw synthetic lengths: a request_trace gives its own")
+
+    def _empirical_means(self):
+        """An empirical length distribution without a prompt / gen: its mean is the length."""
+        for name, role in (("prompt", "prompt"), ("gen", "output")):
+            dist = LengthDist.parse(getattr(self, f"{name}_dist"))
+            if getattr(self, name) is None and dist.kind == "empirical":
+                object.__setattr__(self, name, dist.mean_length(role))
+
+    def workload(self):
+        """The requests this run serves (sim.des.arrivals.Workload)."""
+        if self.request_trace is not None:
+            return replay_workload(self.request_trace, qps=self.qps, window=self.window, requests=self.requests,
+                                   max_model_len=self.context_limit(), overlong=self.overlong)
+        return make_workload(self.arrivals, self.qps, self.requests, self.prompt, self.gen, cv=self.cv,
+                             seed=self.seed, prompt_dist=self.prompt_dist, gen_dist=self.gen_dist)
+
+    def context_limit(self) -> int | None:
+        """max_model_len, else the model's max positions (None when unknown)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        from sim.models import load_model
+        return getattr(load_model(self.model), "max_positions", None) or None
 
     @property
     def kv_layout(self) -> Layout:
@@ -102,6 +160,8 @@ class ServeConfig:
         for key in ("hw", "model"):
             if not isinstance(out[key], str):
                 out[key] = getattr(out[key], "name", str(out[key]))
+        if out["request_trace"] is not None and not isinstance(out["request_trace"], str):
+            out["request_trace"] = getattr(out["request_trace"], "name", str(out["request_trace"]))
         if out["trace"] is not None and not isinstance(out["trace"], str):
             out["trace"] = str(getattr(out["trace"], "path", out["trace"]))
         if out["tp"] == 1 and out["pp"] == 1:      # one device: the outputs it always had (tests/golden)
@@ -111,17 +171,22 @@ class ServeConfig:
                 del out[key]
         if self.kv_layout.is_plain:                # per-head slots: likewise
             del out["layout"], out["compact_every"]
+        if out["step_grid"] is None:               # exact steps: likewise
+            del out["step_grid"]
+        if out["request_trace"] is None:           # synthetic arrivals: likewise
+            for key in ("request_trace", "window", "max_model_len", "overlong"):
+                del out[key]
         return out
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 
 
-def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
-    """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure."""
+def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None) -> ServeResult:
+    """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure.
+    `stop(scheduler, now)`: ends the run early when true (sim.des.server)."""
     profile = cfg.profile
-    workload = make_workload(cfg.arrivals, cfg.qps, cfg.requests, cfg.prompt, cfg.gen, cv=cfg.cv, seed=cfg.seed,
-                             prompt_dist=cfg.prompt_dist, gen_dist=cfg.gen_dist)
+    workload = cfg.workload()
     if cfg.trace is not None:
         # a paged layout: each request holds (and each step reads) the blocks its kept tokens keep alive
         trace, profile = apply_layout(load_trace(cfg.trace), cfg.kv_layout, cfg.profile)
@@ -159,7 +224,9 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
                     weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, profile=profile)
     timer = (ParallelTimer(setup.hw, setup.model, tp=cfg.tp, pp=cfg.pp, **timer_kw) if parallel
              else AnalyticTimer(setup.hw, setup.model, **timer_kw))
-    sim = ServingSimulation(sched, timer, progress=progress,
+    if cfg.step_grid is not None:
+        timer = GridDecodeTimer(timer, cfg.step_grid)
+    sim = ServingSimulation(sched, timer, progress=progress, stop=stop,
                             progress_desc=f"serve {setup.model.name} {cfg.policy} on {setup.hw.name}")
     timeline, wall = sim.run()
     config = {**cfg.to_dict(), "workload": workload.source, "requests": len(workload),
@@ -169,6 +236,8 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
               "device_memory_bytes": budget.device_bytes}
     if isinstance(kv, TraceKV):
         config["trace_samples"] = kv.n_samples
+    if workload.notes:
+        config["replay"] = workload.notes
     return build_result(sched, timeline, config=config, weight_bytes=budget.weight_bytes,
                         workspace_bytes=budget.workspace_bytes, wall_s=wall)
 

@@ -61,6 +61,12 @@ def build_parser() -> ArgumentParser:
     run_group.add_argument("--requests", type=positive_int, metavar="N", help="des: requests per point (default 64)")
     add_flags(run_group, ServeConfig, ("prompt_dist", "gen_dist"), defaults={"prompt_dist": None, "gen_dist": None},
               help={k: f"des: {help_of(ServeConfig, k)} (default fixed)" for k in ("prompt_dist", "gen_dist")})
+    run_group.add_argument("--workload", metavar="TRACE",
+                           help="des: replay a request trace at every point (azure-code-2023, azure-conv-2023 or a "
+                                "CSV/JSONL file); --qps then time-scales it (default: as recorded), the SLO search "
+                                "scales its rate, and the prompts / gens axes are its mean lengths")
+    run_group.add_argument("--window", metavar="START:END", help=f"des: {help_of(ServeConfig, 'window')}")
+    run_group.add_argument("--overlong", choices=("drop", "clip"), help=f"des: {help_of(ServeConfig, 'overlong')}")
     add_flags(run_group, SLO, ("slo_ttft_p99", "slo_tpot_p99"),
               help={k: f"des: {help_of(SLO, k)}; adds the column max_qps_slo (the highest rate meeting the SLO) "
                        "and a summary table" for k in ("slo_ttft_p99", "slo_tpot_p99")})
@@ -137,6 +143,12 @@ def config_from_args(a) -> tuple[GridConfig, RunOptions]:
     if a.no_cache:
         run_overrides["cache_dir"] = None
     options = RunOptions(**{**asdict(base_options), **run_overrides})
+    if options.workload is not None:     # the trace gives the lengths: the axes show its mean request
+        given = [flag for flag, name in (("--prompts", "prompts"), ("--gens", "gens")) if getattr(a, name) is not None]
+        if given:
+            raise ValueError(f"--workload gives the request lengths: drop {', '.join(given)}")
+        config = GridConfig(**{**asdict(config), "prompts": [options.mean_lengths[0]],
+                               "gens": [options.mean_lengths[1]]})
     return config, options
 
 

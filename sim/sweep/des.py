@@ -20,9 +20,12 @@ def write_des_outputs(table: pd.DataFrame, out_dir, meta: dict, csv: bool = Fals
     failed = table["des_error"].astype(str).str.len().gt(0) if "des_error" in table.columns else pd.Series(False, index=table.index)
     rates = list(dict.fromkeys(table["qps"]))
     at = f"{rates[0]:g} requests/s" if len(rates) == 1 else f"each of {', '.join(f'{q:g}' for q in rates)} requests/s"
-    lines = ["# kvsim sweep (discrete-event serving simulation)", "",
-             f"{len(table):,} design points; each is one `sim.serve` run of {int(table['requests'].iloc[0])} requests "
-             f"at {at} with at most `batch` in flight.", ""]
+    lines = ["# kvsim sweep (discrete-event serving simulation)", ""]
+    if "workload" in table.columns:
+        lines += workload_lines(table, at)
+    else:
+        lines += [f"{len(table):,} design points; each is one `sim.serve` run of {int(table['requests'].iloc[0])} "
+                  f"requests at {at} with at most `batch` in flight.", ""]
     dists = [f"{what} lengths {table[col].iloc[0]}" for what, col in (("prompt", "prompt_dist"), ("output", "gen_dist"))
              if col in table.columns]
     if dists:
@@ -43,6 +46,18 @@ def write_des_outputs(table: pd.DataFrame, out_dir, meta: dict, csv: bool = Fals
     atomic_write_text(out_dir / "summary.md", "\n".join(lines))
     written.append(out_dir / "summary.md")
     return written
+
+
+def workload_lines(table: pd.DataFrame, at: str) -> list[str]:
+    """The replayed trace of a workload sweep: which, which part, at which rates, its attribution."""
+    from sim.des.trace_file import resolve
+    name, window = table["workload"].iloc[0], table["window"].iloc[0] if "window" in table.columns else None
+    part = f", window {window} s" if isinstance(window, str) else ""
+    attribution = resolve(name)[2]
+    return [f"{len(table):,} design points; each is one `sim.serve` replay of the request trace {name}{part} "
+            f"(its arrival times and lengths), time-scaled to {at}, with at most `batch` in flight; requests "
+            f"past the model's context: {table['overlong'].iloc[0]} (column dropped).", "",
+            *([f"Trace: {attribution}.", ""] if attribution else [])]
 
 
 def slo_markdown(table: pd.DataFrame) -> list[str]:
@@ -73,14 +88,18 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
             else point["model"]
         options = dict(recent_ratio=point["recent_ratio"], prompt=int(point["prompt"]), gen=int(point["gen"]),
                        kv_dtype=point["kv_dtype"], weight_dtype=point["weight_dtype"], profile=point["profile"],
-                       max_batch=int(point["batch"]), qps=float(point["qps"]), requests=int(point["requests"]))
+                       max_batch=int(point["batch"]), qps=float(point["qps"]),
+                       requests=None if _missing(point.get("requests")) else int(point["requests"]))
+        if isinstance(point.get("workload"), str):     # a replayed trace (sim.des.workload): its lengths
+            options.update(request_trace=point["workload"], overlong=point.get("overlong", "drop"),
+                           window=point["window"] if isinstance(point.get("window"), str) else None)
         if isinstance(point.get("trace_path"), str):
             options["trace"] = point["trace_path"]
         for key in ("prompt_dist", "gen_dist"):
             if isinstance(point.get(key), str):
                 options[key] = point[key]
         try:
-            row = {**serve.simulate(point["hw"], model, point["policy"], point["cache_ratio"], **options).to_row(),
+            row = {**serve.simulate(point["hw"], model, _policy(point), point["cache_ratio"], **options).to_row(),
                    "des_error": ""}
             slo = _point_slo(point)
             if slo is not None:
@@ -89,6 +108,17 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
         except ValueError as exc:
             rows.append({"des_error": str(exc).splitlines()[0]})
     return pd.DataFrame(rows)
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and pd.isna(value))
+
+
+def _policy(point) -> str:
+    """The policy string the DES runs: a trace point's captured variant label (its rows in the trace), else
+    the grid's policy (a label too: sim.policies.variants)."""
+    label = point.get("policy_label")
+    return label if isinstance(label, str) else point["policy"]
 
 
 _SEARCHES: dict = {}   # (ServeConfig, SLO) -> SearchResult, within one process
@@ -107,7 +137,7 @@ def _slo_columns(point, model, options, slo) -> dict:
     top, the simulations run, the P99s at the rate and what bounds it."""
     from sim.des.serving import ServeConfig
     from sim.des.slo import find_max_qps
-    cfg = ServeConfig(hw=point["hw"], model=model, policy=point["policy"], cache_ratio=point["cache_ratio"],
+    cfg = ServeConfig(hw=point["hw"], model=model, policy=_policy(point), cache_ratio=point["cache_ratio"],
                       **{k: v for k, v in options.items() if k != "qps"})
     key = (repr(cfg), slo)
     if key not in _SEARCHES:        # the search ignores qps: a qps axis asks the same question once per rate

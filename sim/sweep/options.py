@@ -44,6 +44,7 @@ def load_config(path) -> tuple["GridConfig", "RunOptions"]:
 
 
 ENGINES = ("analytic", "des")
+DEFAULT_REQUESTS = 64      # des: requests per serving run
 OWN = "own"      # trace_models / trace_prompts / trace_gens: the trace's own model or lengths
 
 
@@ -99,8 +100,14 @@ class RunOptions:
     trace_layouts: list = field(default_factory=lambda: ["slots"])
     trace_block_size: int = 16
     trace_compact_every: int | None = None
-    qps: float | list = math.inf          # des: request rate(s) (inf: all requests at t=0); a list is a grid axis
-    requests: int = 64                    # des: requests per serving run
+    # des: request rate(s) (inf: all requests at t=0); a list is a grid axis. With a workload: the rates its
+    # arrivals are time-scaled to (default: the recorded rate)
+    qps: float | list | None = None
+    requests: int | None = None           # des: requests per serving run (default 64; a workload: all of them)
+    # des: a request trace replayed at every point (sim.des.workload): a bundled name or a CSV/JSONL file
+    workload: str | None = None
+    window: str | None = None             # its requests arriving in START:END seconds
+    overlong: str = "drop"                # requests past the model's context: drop | clip
     # des: per-request length distributions around each point's prompt / gen (sim.des.lengths)
     prompt_dist: str = "fixed"
     gen_dist: str = "fixed"
@@ -129,9 +136,13 @@ class RunOptions:
         if OWN in self.trace_batches:
             raise ValueError("trace_batches: expected positive integers")
         self.layouts()     # a bad layout, block size or interval is a one-line error now
-        self.qps = _rates(self.qps)
-        if isinstance(self.requests, bool) or not isinstance(self.requests, (int, np.integer)) or self.requests < 1:
+        if self.requests is not None and (isinstance(self.requests, bool) or not isinstance(
+                self.requests, (int, np.integer)) or self.requests < 1):
             raise ValueError(f"requests must be a positive integer, got {self.requests!r}")
+        recorded = self._check_workload() if self.workload is not None else math.inf
+        if self.qps is not None:
+            self.qps = _rates(self.qps)
+        self._resolved_qps = _rates(recorded if self.qps is None else self.qps)   # None: inf, or a trace's recorded rate
         for name in ("tp", "pp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -163,9 +174,31 @@ class RunOptions:
         if (self.energy or self.price_per_hour is not None) and self.engine == "des":
             raise ValueError("energy columns are analytic (a static batch's operator tables): use --engine analytic")
 
+    def _check_workload(self):
+        """A replayed trace: des only, its own lengths; the default rate is the recorded one."""
+        from sim.des.workload import OVERLONG_MODES, replay_workload
+        if self.engine != "des":
+            raise ValueError("workload replays a request trace in serving simulations: use --engine des")
+        if self.prompt_dist != "fixed" or self.gen_dist != "fixed":
+            raise ValueError("workload gives the request lengths: drop prompt_dist / gen_dist")
+        if self.overlong not in OVERLONG_MODES:
+            raise ValueError(f"overlong must be one of {', '.join(OVERLONG_MODES)}, got {self.overlong!r}")
+        from kvcommon.fields import FieldError
+        try:
+            replay = replay_workload(self.workload, window=self.window, requests=self.requests)
+        except FieldError as exc:
+            raise ValueError(f"{exc.field} {exc.problem}, got {exc.value!r}") from None
+        self.mean_lengths = (int(round(replay.prompt_tokens.mean())), int(round(replay.output_tokens.mean())))
+        return replay.notes["recorded_qps"]
+
+    @property
+    def requests_per_run(self) -> int | None:
+        """requests, else 64 (a workload: None, all of its requests)."""
+        return self.requests if self.requests is not None or self.workload is not None else DEFAULT_REQUESTS
+
     @property
     def qps_values(self) -> list[float]:
-        return self.qps if isinstance(self.qps, list) else [self.qps]
+        return self._resolved_qps if isinstance(self._resolved_qps, list) else [self._resolved_qps]
 
     @property
     def slo(self):

@@ -17,7 +17,8 @@ def cache_key_columns(points: pd.DataFrame) -> list[str]:
     reuses them), the trace's content hash (not its path) and, for the DES, the load it serves."""
     names = {"hw", "model", "trace", "trace_path", "trace_model"}
     extra = ["hw_hash", "model_hash", "policy_label", "trace_hash", "layout", "block_size", "compact_every", "qps",
-             "requests", "tp", "pp", "prompt_dist", "gen_dist", "slo_ttft_p99", "slo_tpot_p99"]
+             "requests", "tp", "pp", "prompt_dist", "gen_dist", "slo_ttft_p99", "slo_tpot_p99", "workload", "window",
+             "overlong"]
     return [c for c in INPUT_COLUMNS if c not in names] + [c for c in extra if c in points.columns]
 
 
@@ -27,7 +28,9 @@ def des_points(points: pd.DataFrame, options: RunOptions) -> pd.DataFrame:
     a fixed-length sweep without an SLO has the table it always had."""
     extra = {k: getattr(options, k) for k in ("prompt_dist", "gen_dist") if getattr(options, k) != "fixed"}
     extra.update({k: getattr(options, k) for k in ("slo_ttft_p99", "slo_tpot_p99") if options.slo is not None})
-    per_rate = [points.assign(qps=q, requests=options.requests, **extra) for q in options.qps_values]
+    if options.workload is not None:    # a replayed trace: its name, window and overlong handling are inputs
+        extra.update(workload=options.workload, window=options.window, overlong=options.overlong)
+    per_rate = [points.assign(qps=q, requests=options.requests_per_run, **extra) for q in options.qps_values]
     return per_rate[0] if len(per_rate) == 1 else pd.concat(per_rate, ignore_index=True)
 
 
@@ -65,8 +68,6 @@ def trace_phase(config: GridConfig, options: RunOptions, executor):
     grid = traced.trace_grid(config, dirs, models=options.trace_models, prompts=options.trace_prompts,
                              gens=options.trace_gens, batches=options.trace_batches, layouts=options.layouts(),
                              cache_dir=options.cache_dir)
-    if options.engine == "des":   # the serving simulator times base policies only (no noise variants)
-        grid = grid[grid["policy_label"] == grid["policy"]].reset_index(drop=True)
     quality = pd.concat([traced.trace_quality(d, tradeoff.trace_identity(d), options.cache_dir) for d in dirs],
                         ignore_index=True)
     evaluate_fn = evaluate_des if options.engine == "des" else traced.evaluate

@@ -44,6 +44,17 @@ def build_parser() -> ArgumentParser:
                         "../shared/data/gpu-published-train.csv, or $KVSIM_DATA; skipped when absent)")
     p.add_argument("--no-published-gpu", action="store_true", help="no published-GPU (engine profile) section")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    runs = p.add_argument_group("measured benchmark runs (sim.validation.measured_run): replayed in the DES")
+    runs.add_argument("--measured-run", nargs="+", type=Path, default=None, metavar="FILE",
+                      help="vLLM `bench serve --save-result` JSON, SGLang `bench_serving` JSONL or `trtllm-bench "
+                           "--report_json` files; each run is replayed (same lengths, arrivals, concurrency) and "
+                           "every measured metric compared; only these are validated")
+    runs.add_argument("--hw", default=None, help="--measured-run: the accelerator the runs used (the files do not say)")
+    runs.add_argument("--model", default=None, help="--measured-run: the model (default: the one the file names)")
+    runs.add_argument("--tp", type=int, default=None, help="--measured-run: tensor-parallel devices (default: the "
+                                                          "file's, else 1)")
+    runs.add_argument("--profile", default=None, help="--measured-run: engine profile (default: vllm for vLLM and "
+                                                      "SGLang, trtllm / trtllm-pytorch for TensorRT-LLM)")
     return p
 
 
@@ -67,6 +78,11 @@ def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if not args.threshold > 0:
         raise ValueError(f"--threshold must be a positive percentage, got {args.threshold}")
+    if args.measured_run is not None:
+        return _measured_runs(args)
+    for flag in ("hw", "model", "tp", "profile"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag} applies to --measured-run")
     args.out = output_folder(args.out, args.update_docs)
     refs = load_references(args.references)
     if args.no_references:
@@ -140,6 +156,45 @@ def _published_gpu_only(args, gpu) -> int:
     else:
         print(f"published GPU: no single-device row predicted: {path}")
     return 0
+
+
+def _measured_runs(args) -> int:
+    """--measured-run: read every file (a wrong one is one error line, nothing written), replay each run,
+    then write measured-runs.md and measured-runs.json into the output folder."""
+    from sim.cli import atomic_write_text
+    from sim.validation import measured_run_replay as replay
+    from sim.validation.measured_run import load_measured_runs
+    if args.update_docs:
+        raise ValueError("--measured-run writes its own report: give --out (or nothing), not --update-docs")
+    if args.tp is not None and args.tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {args.tp}")
+    out = output_folder(args.out, False)
+    runs = [run for path in args.measured_run for run in load_measured_runs(path)]
+    if args.hw is None:
+        raise ValueError("--measured-run: benchmark files do not name the accelerator: give --hw (e.g. --hw h100-sxm)")
+    comparisons = [replay.compare(run, hw=args.hw, model=args.model, profile=args.profile, tp=args.tp)
+                   for run in runs]
+    command = "python -m sim.validate --measured-run " + " ".join(map(str, args.measured_run)) + f" --hw {args.hw}" \
+        + (f" --model {args.model}" if args.model else "")
+    summary = {"command": command, "runs": [c.to_dict() for c in comparisons]}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "measured-runs.md", replay.markdown(comparisons, command))
+    atomic_write_text(out / "measured-runs.json", json.dumps(summary, indent=1, default=_json_default) + "\n")
+    if args.json:
+        print(json.dumps({**summary, "report": str(out / "measured-runs.md")}, default=_json_default))
+    else:
+        print("\n".join(replay.text_lines(comparisons)))
+        print(f"report: {out / 'measured-runs.md'}")
+    return 0
+
+
+def _json_default(value):
+    """numpy numbers, and inf / NaN as strings (strict JSON)."""
+    import math
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 def main(argv=None) -> int:
