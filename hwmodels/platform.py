@@ -18,13 +18,14 @@ with neither (cpu-local) gives None: callers say "no interconnect/energy/price d
       per_direction_bandwidth: {value: 450, unit: GB/s, source: ...}   # what one device sends at once
       achievable_fraction: {value: 0.8, source: ...}   # of per_direction_bandwidth, large messages
       latency: {value: 1, unit: us, source: ...}       # per step of a collective (one hop)
-    energy:
+    energy:                         # the power model of sim.energy: P = static + bytes/s x e_byte + FLOP/s x e_flop
       memory_kind: HBM3
-      dram_energy: {value: 3.9, unit: pJ/bit, source: ...}    # per bit read or written in device memory
-      onchip_energy: {value: 1.0, unit: pJ/bit, source: ...}  # per bit moved through L2/SRAM to the cores
-      flop_energy: {bf16: {value: 0.354, unit: pJ/FLOP, source: ...}}  # a dtype not listed: same power at its peak
-      static_power: {value: 100, unit: W, source: ...}        # drawn whenever the device is on
-      tdp: {value: 700, unit: W, source: ...}                 # optional: board power limit (a consistency check)
+      dram_energy: {value: 6.4, unit: pJ/bit, source: ...}    # per bit read or written in device memory, with its
+                                                              # trip through L2 to the cores (python -m sim.fit_energy)
+      onchip_energy: {value: 0, unit: pJ/bit, source: ...}    # optional: on-chip movement counted apart (default 0)
+      flop_energy: {bf16: {value: 1.4, unit: pJ/FLOP, source: ...}}  # a dtype not listed: same power at its peak
+      static_power: {value: 330, unit: W, source: ...}        # drawn while serving, whatever the step does
+      tdp: {value: 700, unit: W, source: ...}                 # board power limit: modelled power is capped there
     price:
       hourly: {value: 2.99, unit: USD/h, date: "2024-2025", source: ...}   # per device-hour
 
@@ -86,6 +87,12 @@ class Energy:
     static_w: float
     tdp_w: float | None
     sources: Mapping[str, str] = field(default_factory=dict)
+    file: str = ""                 # the platform file the figures come from (what a report says it used)
+
+    @property
+    def j_per_byte(self) -> float:
+        """J per byte of device-memory traffic, its on-chip path included."""
+        return self.dram_j_per_byte + self.onchip_j_per_byte
 
     def flop_energy(self, dtype: str, device: Device | None = None) -> float:
         """J per FLOP in `dtype`. A dtype the file does not list: the math units draw the same power at
@@ -108,6 +115,7 @@ class Price:
     usd_per_hour: float            # per device-hour
     date: str
     source: str
+    file: str = ""                 # the platform file it comes from
 
 
 def _device(device) -> Device:
@@ -190,7 +198,7 @@ class _Fields:
             self.fail(key, f"expected non-empty text, got {value!r}")
         return value.strip()
 
-    def quantity(self, key, units=None, kind=None, mapping=None, label=None, extra=()):
+    def quantity(self, key, units=None, kind=None, mapping=None, label=None, extra=(), zero=False):
         entry = (self.m if mapping is None else mapping)[key]
         label = label or key
         if not isinstance(entry, dict):
@@ -200,8 +208,10 @@ class _Fields:
                 self.fail(f"{label}.{k}", "unknown field; allowed here: value, unit, source" +
                           "".join(f", {e}" for e in extra))
         value = entry.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            self.fail(f"{label}.value", f"expected a positive finite number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                or (value == 0 and not zero):
+            self.fail(f"{label}.value", f"expected a {'finite number >= 0' if zero else 'positive finite number'}, "
+                                        f"got {value!r}")
         source = entry.get("source")
         if not isinstance(source, str) or not source.strip():
             self.fail(f"{label}.source", "missing source (every number needs one)")
@@ -256,7 +266,7 @@ def load_energy(device) -> Energy | None:
     if found is None:
         return None
     f = _Fields(found[0], found[1], "energy")
-    f.allow(("dram_energy", "onchip_energy", "flop_energy", "static_power"), ("memory_kind", "tdp"))
+    f.allow(("dram_energy", "flop_energy", "static_power"), ("memory_kind", "tdp", "onchip_energy"))
     per_byte = {**{u: v * 8 for u, v in ENERGY_PER_BIT.items()}, **ENERGY_PER_BYTE}
     flops = f.m["flop_energy"]
     if not isinstance(flops, dict) or not flops:
@@ -268,9 +278,10 @@ def load_energy(device) -> Energy | None:
         flop_j[dtype] = f.quantity(dtype, ENERGY_PER_OP, mapping=flops, label=f"flop_energy.{dtype}")
     return Energy(memory_kind=f.text("memory_kind") if "memory_kind" in f.m else "",
                   dram_j_per_byte=f.quantity("dram_energy", per_byte),
-                  onchip_j_per_byte=f.quantity("onchip_energy", per_byte), flop_j=MappingProxyType(flop_j),
-                  static_w=f.quantity("static_power", POWER),
-                  tdp_w=f.quantity("tdp", POWER) if "tdp" in f.m else None, sources=MappingProxyType(f.sources))
+                  onchip_j_per_byte=f.quantity("onchip_energy", per_byte, zero=True) if "onchip_energy" in f.m else 0.0,
+                  flop_j=MappingProxyType(flop_j), static_w=f.quantity("static_power", POWER),
+                  tdp_w=f.quantity("tdp", POWER) if "tdp" in f.m else None, sources=MappingProxyType(f.sources),
+                  file=str(found[1]))
 
 
 def default_price(device) -> Price | None:
@@ -284,4 +295,4 @@ def default_price(device) -> Price | None:
     date = f.m["hourly"].get("date")
     if not isinstance(date, str) or not date.strip():
         f.fail("hourly.date", "missing date (prices change: say when this one held)")
-    return Price(usd_per_hour=value, date=date.strip(), source=f.sources["hourly"])
+    return Price(usd_per_hour=value, date=date.strip(), source=f.sources["hourly"], file=str(found[1]))

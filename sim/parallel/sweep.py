@@ -18,7 +18,7 @@ from .predict import predict
 PARALLEL_COLUMNS = ["devices", "micro_batches", "bubble_factor", "comm_decode_s", "comm_prefill_s", "kv_replication",
                     "weight_bytes_per_device", "model_weight_bytes", "kv_bytes_per_token_per_device", "interconnect"]
 ENERGY_COLUMNS = ["energy_j_per_token", "prefill_energy_j_per_token", "energy_j_per_output_token",
-                  *[f"decode_{p}_j_per_token" for p in PARTS], "decode_power_w_per_device", "exceeds_tdp",
+                  *[f"decode_{p}_j_per_token" for p in PARTS], "decode_power_w_per_device", "power_capped",
                   "cost_per_mtok", "cost_per_mtok_at_max_batch", "price_usd_per_hour"]
 SUMMARY_KEYS = ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s",
                 "max_batch_all_at_once", "max_batch_all_at_once_tokens_per_s")
@@ -60,7 +60,7 @@ def energy_columns(points: pd.DataFrame, price: float | None = None) -> pd.DataF
                          prefill_energy_j_per_token=e["prefill_energy_j_per_token"],
                          energy_j_per_output_token=e["energy_j_per_output_token"],
                          **{f"decode_{k}_j_per_token": parts.get(k) for k in PARTS},
-                         decode_power_w_per_device=e["decode_power_w_per_device"], exceeds_tdp=e["exceeds_tdp"],
+                         decode_power_w_per_device=e["decode_power_w_per_device"], power_capped=e["power_capped"],
                          cost_per_mtok=c["cost_per_mtok"], cost_per_mtok_at_max_batch=c["cost_per_mtok_at_max_batch"],
                          price_usd_per_hour=c["price_usd_per_hour"]))
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS, index=points.index)

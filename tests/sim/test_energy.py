@@ -1,4 +1,5 @@
 """sim.energy: energy per token from operator tables (physics and bookkeeping checks)."""
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -20,7 +21,8 @@ def test_hand_computed_table():
                           dict(op="attn_scores", flops=1e9, weight_bytes=0.0, act_bytes=0.0, kv_read_bytes=2e9,
                                kv_write_bytes=1e6)])
     parts = energy.step_energy(table, 0.01, e, dev, "fp8", devices=2)
-    per_byte = e.dram_j_per_byte + e.onchip_j_per_byte
+    assert not parts["power_capped"]           # 1.4 TB/s and 100 TFLOP/s per device: under the TDP
+    per_byte = e.j_per_byte
     assert parts["weights"] == pytest.approx(1e9 * per_byte)
     assert parts["kv"] == pytest.approx((2e9 + 1e6) * per_byte)
     assert parts["activations"] == pytest.approx(1e6 * per_byte)
@@ -61,10 +63,44 @@ def test_weights_energy_is_shared_by_the_batch():
     assert many == pytest.approx(one / 16, rel=1e-4)      # embedding rows are read per token
 
 
-@pytest.mark.parametrize("hw", ["h100-sxm", "h200-sxm", "a100-80g-sxm", "l40s", "mi300x"])
+@pytest.mark.parametrize("hw", ["h100-sxm", "h200-sxm", "a100-80g-sxm", "l40s", "mi300x", "b200", "gh200"])
 def test_average_power_is_within_the_tdp(hw):
     s = energy.energy_summary(_predict(hw=hw, batch=8, prompt=1024, gen=64))
-    assert 0 < s["decode_power_w_per_device"] and s["exceeds_tdp"] is False
+    assert 0 < s["decode_power_w_per_device"] <= load_energy(hw).tdp_w
+
+
+def _shipped_with_energy():
+    from hwmodels import list_devices
+    return [n for n in list_devices() if load_energy(n) is not None]
+
+
+@pytest.mark.parametrize("hw", _shipped_with_energy())
+def test_power_never_exceeds_the_tdp(hw):
+    """Property: whatever a step moves and computes in whatever time, its power per device is at most the TDP,
+    and a step far beyond it is capped there exactly (compute-bound prefill reaches it)."""
+    e, dev = load_energy(hw), load_device(hw)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        table = pd.DataFrame([dict(op="mlp", flops=10 ** rng.uniform(6, 16), weight_bytes=10 ** rng.uniform(3, 12),
+                                   act_bytes=10 ** rng.uniform(0, 10), kv_read_bytes=10 ** rng.uniform(0, 12),
+                                   kv_write_bytes=0.0, link_bytes=10 ** rng.uniform(0, 9))])
+        wall, devices = 10 ** rng.uniform(-6, 0), int(rng.integers(1, 9))
+        parts = energy.step_energy(table, wall, e, dev, str(rng.choice(["bf16", "fp8", "fp32"])), devices)
+        assert parts["total"] / wall / devices <= e.tdp_w * (1 + 1e-9)
+        assert parts["total"] == pytest.approx(sum(parts[p] for p in energy.PARTS))
+    huge = pd.DataFrame([dict(op="mlp", flops=1e18, weight_bytes=0.0, act_bytes=0.0, kv_read_bytes=0.0, kv_write_bytes=0.0)])
+    capped = energy.step_energy(huge, 1.0, e, dev, "bf16")
+    assert capped["power_capped"] and capped["total"] == pytest.approx(e.tdp_w)
+    s = energy.energy_summary(_predict(hw=hw, batch=64, prompt=4096, gen=16))
+    assert s["decode_power_w_per_device"] <= e.tdp_w * (1 + 1e-9)
+
+
+def test_compute_bound_prefill_reaches_the_tdp():
+    """Issue 25: the old model's power never passed ~55% of the TDP, even in compute-bound prefill."""
+    p = _predict(batch=64, prompt=4096, gen=16)
+    s = energy.energy_summary(p)
+    prefill_w = s["prefill_energy_j_per_token"] * 64 * 4096 / p.ttft_s
+    assert prefill_w == pytest.approx(load_energy("h100-sxm").tdp_w, rel=1e-6) and s["prefill_power_capped"]
 
 
 def test_no_energy_data_says_so():
