@@ -53,6 +53,8 @@ class Prediction:
     extra: dict = field(default_factory=dict)
     max_batch_all_at_once: int = 0            # every request at its peak at once (static batch, reserve admission)
     max_batch_all_at_once_tokens_per_s: float = 0.0
+    # the loaded hardware file (not its name): energy and cost read its own platform data (sim.energy)
+    device: object = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict:
         keys = ("ttft_s", "tpot_s", "e2e_s", "tokens_per_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s",
@@ -100,4 +102,5 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
                       max_batch_tokens_per_s=float(r["max_batch_tokens_per_s"][0]),
                       prefill_ops=prefill_ops, decode_ops=pd.concat(tables, ignore_index=True), extra=extra,
                       max_batch_all_at_once=int(r["max_batch_all_at_once"][0]),
-                      max_batch_all_at_once_tokens_per_s=float(r["max_batch_all_at_once_tokens_per_s"][0]))
+                      max_batch_all_at_once_tokens_per_s=float(r["max_batch_all_at_once_tokens_per_s"][0]),
+                      device=s.hw)

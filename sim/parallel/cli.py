@@ -52,10 +52,36 @@ def wants_energy(a) -> bool:
 
 
 def energy_cost(pred, a) -> dict:
-    """Energy and cost keys of a prediction (engine or sim.parallel)."""
+    """Energy and cost keys of a prediction (engine or sim.parallel), on the prediction's own loaded device,
+    with the decode energy and power at the largest batch that fits (`*_at_max_batch`; None for --trace runs,
+    whose kept lengths were mapped at the given batch)."""
     from sim.cost import cost_summary
     from sim.energy import energy_summary
-    return {**energy_summary(pred), **cost_summary(pred, override=getattr(a, "price_per_hour", None))}
+    out = {**energy_summary(pred), **cost_summary(pred, override=getattr(a, "price_per_hour", None))}
+    at_max = _at_batch(pred, a, pred.max_batch) if out["energy_j_per_token"] is not None else None
+    e = energy_summary(at_max) if at_max is not None else {}
+    out.update(energy_j_per_token_at_max_batch=e.get("energy_j_per_token"),
+               decode_power_w_per_device_at_max_batch=e.get("decode_power_w_per_device"))
+    return out
+
+
+def _at_batch(pred, a, batch: int):
+    """The same point at another batch (same device object, flags and deployment), or None where it cannot be
+    re-run from the flags (a trace's or layout's KV lengths) or nothing fits."""
+    if batch <= 0 or getattr(a, "trace", None):
+        return None
+    if batch == pred.inputs["batch"]:
+        return pred
+    device = getattr(pred, "device", None) or pred.stage.device
+    i = pred.inputs
+    kw = dict(recent_ratio=i["recent_ratio"], kv_dtype=i["kv_dtype"], weight_dtype=i["weight_dtype"],
+              profile=getattr(a, "profile", i["profile"]), beams=i["beams"])
+    if wants_parallel(a):
+        from sim import parallel
+        return parallel.predict(device, a.model, batch, i["prompt"], i["gen"], i["policy"], i["cache_ratio"], **kw,
+                                tp=a.tp, pp=a.pp, micro_batches=a.micro_batches)
+    from sim import engine
+    return engine.predict(device, a.model, batch, i["prompt"], i["gen"], i["policy"], i["cache_ratio"], **kw)
 
 
 def deployment_keys(pred) -> dict:
@@ -87,16 +113,21 @@ def summary_lines(pred, extras: dict | None = None) -> list[str]:
         if extras.get("energy_j_per_token") is not None:
             parts = extras["decode_energy_breakdown_j_per_token"]
             shares = ", ".join(f"{k} {100 * v / extras['energy_j_per_token']:.0f}%" for k, v in parts.items())
+            at_max = extras.get("energy_j_per_token_at_max_batch")
             lines.append(f"  energy          {_joules(extras['energy_j_per_token'])} per decoded token ({shares}); "
                          f"{_joules(extras['energy_j_per_output_token'])} per output token with prefill; "
-                         f"{extras['decode_power_w_per_device']:.0f} W per device")
+                         f"{extras['decode_power_w_per_device']:.0f} W per device"
+                         + (" (capped at the TDP)" if extras.get("power_capped") else "")
+                         + (f"; at the max batch {_joules(at_max)} per decoded token, "
+                            f"{extras['decode_power_w_per_device_at_max_batch']:.0f} W" if at_max is not None else ""))
+            lines.append(f"                  terms from {extras['energy_source']}")
         elif extras.get("energy_note"):
             lines.append(f"  energy          - ({extras['energy_note']})")
         if extras.get("cost_per_mtok") is not None:
             at_max = extras["cost_per_mtok_at_max_batch"]
             lines.append(f"  cost            {extras['cost_per_mtok']:.4g} USD per million output tokens"
                          + (f" ({at_max:.4g} at the max batch)" if at_max is not None else "")
-                         + f" at {extras['price_usd_per_hour']:g} USD per device-hour")
+                         + f" at {extras['price_usd_per_hour']:g} USD per device-hour ({extras['price_file']})")
         else:
             lines.append(f"  cost            - ({extras.get('price_source')})")
     return lines
