@@ -38,7 +38,7 @@ def test_energy_per_token_within_25_percent_leave_one_batch_out(result):
     for hw, d in result["devices"].items():
         lobo = d["lobo"] / m[d["idx"]] - 1
         assert np.mean(np.abs(lobo)) < 0.10, hw                         # measured: 3.9% (b200), 5.2% (h100)
-        assert np.mean(np.abs(lobo) <= 0.25) >= 0.95, hw                 # one H100 row (70B TP4 at 8) is 30% off
+        assert np.mean(np.abs(lobo) <= 0.25) >= 0.95, hw                 # one H100 row (70B TP4 at 64) is 30% off
         assert np.all(d["in_sample"] <= d["tdp"]) and np.all(d["lobo"] <= d["tdp"])
 
 
