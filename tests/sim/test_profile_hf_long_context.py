@@ -76,3 +76,24 @@ def test_hf_holds_the_concatenated_cache_the_third_mlp_tensor_and_both_logits():
     third_mlp = n * m.d_ff * 2                                   # act(gate) * up beside act(gate) and up
     bf16_logits = m.vocab_size * 2                               # beside the fp32 copy the shared rule counts
     assert with_buffers - without == pytest.approx(rows * (one_layer_kv + third_mlp + bf16_logits))
+
+
+def test_the_layerwise_peak_through_sim_predict(capsys):
+    import json
+
+    from sim import predict
+    argv = ["--hw", HW, "--model", MODEL, "--prompt", "65536", "--gen", "16", "--profile", "hf", "--json"]
+
+    def run(*extra):
+        assert predict.main(argv + list(extra)) == 0
+        out = capsys.readouterr().out
+        return json.loads(out[out.index("{"):])
+    m = load_model(MODEL)
+    full, snap = run("--policy", "full"), run("--policy", "snapkv", "--cache-ratio", "0.25")
+    n, k, layers = 65536, 16384, m.n_layers
+    assert snap["peak_kv_tokens"] == pytest.approx((n + (layers - 1) * k) / layers)
+    per_token_all_layers = 2 * layers * m.n_kv_heads * m.head_dim * 2
+    saved = (n + 16 - snap["peak_kv_tokens"]) * per_token_all_layers
+    # the KV no longer held, less the 16 generated tokens of torch.cat's extra layer that full attention holds
+    assert full["peak_memory_bytes"] - snap["peak_memory_bytes"] == pytest.approx(
+        saved + 16 * per_token_all_layers / layers, rel=1e-9)
