@@ -158,7 +158,7 @@ def test_loader_scopes_and_regimes(tmp_path):
         _row(model="mistralai/Mistral-7B-v0.1", batch=120),
         _row(batch="dynamic", prompt=5000, gen=500),
         _row(batch=1, prompt=128, gen=1, metric="ttft_ms", value=6),
-        _row(hw="B200"),
+        _row(hw="B100"),
     ])
     rows = pg.load_rows(path)
     assert [r.scope == "single-device" for r in rows] == [True, False, True, True, True, True, False]
@@ -436,7 +436,7 @@ def test_held_out_mixtral_and_falcon_rows_are_predicted(tmp_path):
 
 
 def test_held_out_csv_with_no_predictable_row_still_reports(tmp_path):
-    path = write_csv(tmp_path / "none.csv", [_row(hw="B200"), _row(model="microsoft/phi-2"),
+    path = write_csv(tmp_path / "none.csv", [_row(hw="B100"), _row(model="microsoft/phi-2"),
                                              _row(stack="SGLang 0.4"), _row(stack="SGLang 0.4", tp=2)])
     rows = pg.load_rows(path)
     assert rows[2].engine is None and "no engine profile for stack 'SGLang 0.4'" in rows[2].scope
