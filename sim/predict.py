@@ -19,6 +19,7 @@ from sim.engine import Prediction, predict
 from sim.layouts import LAYOUT_FLAGS, Layout, apply_layout
 from sim.parallel import cli as deployment
 from sim.policies import NAMES as POLICIES
+from sim.policies import variants
 
 
 def profile_names() -> list[str]:
@@ -39,8 +40,12 @@ DESIGN_FLAGS = ("hw", "model", "batch", "prompt", "gen", "policy", "cache_ratio"
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m sim.predict", description=__doc__.split("\n")[0],
                        formatter_class=DefaultsHelpFormatter)
-    add_flags(p, DesignPoint, DESIGN_FLAGS, required=("hw", "model", "prompt", "gen"), choices={"policy": POLICIES},
-              help={"profile": f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)"})
+    # --policy takes variants (sim.policies.variants); --cache-ratio / --recent-ratio unset: the one rule there
+    add_flags(p, DesignPoint, DESIGN_FLAGS, required=("hw", "model", "prompt", "gen"),
+              defaults={"cache_ratio": None, "recent_ratio": None},
+              help={"profile": f"software-stack profile, one of {', '.join(profile_names())} (fused: ideal kernels)",
+                    "policy": variants.policy_help(POLICIES), "cache_ratio": variants.CACHE_RATIO_HELP,
+                    "recent_ratio": variants.RECENT_RATIO_HELP})
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
     p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
                    help="with --trace: per layer, the mean KV head (a ragged attention kernel) or the fullest one "
@@ -53,8 +58,9 @@ def build_parser() -> ArgumentParser:
 
 
 def design_point(a) -> DesignPoint:
-    """The checked design point of the parsed flags; a bad value is one line naming its flag."""
-    return from_args(DesignPoint, a)
+    """The checked design point of the parsed flags (--policy as a variant); a bad value is one line naming
+    its flag."""
+    return variants.design_point(a, POLICIES)[0]
 
 
 def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int,
@@ -144,7 +150,9 @@ def format_summary(pred: Prediction) -> str:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     point = design_point(a)
-    a.kv_dtype, a.weight_dtype = point.kv_dtype, point.weight_dtype
+    # the simulator's policy string is the variant's label (a trace's rows are read under it)
+    a.kv_dtype, a.weight_dtype, a.policy = point.kv_dtype, point.weight_dtype, point.variant.label
+    a.cache_ratio, a.recent_ratio = point.cache_ratio, point.recent_ratio
     from sim.models import load_model
     note = check_context(load_model(a.model), a.prompt + a.gen, "prompt + gen")
     if note and a.json:     # the text summary carries its own note
@@ -153,6 +161,8 @@ def main(argv=None) -> int:
     if not layout.is_plain and not a.trace:
         raise ValueError("--layout/--compact-every need --trace: the block accounting replays a trace's kept "
                          "positions")
+    from sim.profiles import resolve_profile_name
+    a.profile = resolve_profile_name(a.profile, a.hw)      # `auto`: the device's default, named in the output
     override, profile = None, a.profile
     if a.trace:
         override, profile = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen,

@@ -145,7 +145,7 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
                layouts=(PLAIN,), cache_dir=None) -> pd.DataFrame:
     """Points for every trace x its captured (policy, cache ratio) x config devices, dtypes, profiles.
 
-    A captured policy (or variant, e.g. `keyformer(noise=none)`) is kept when its base policy is in
+    A captured policy (or variant, e.g. `keyformer(noise=none)`) is kept when it or its base policy is in
     `config.policies`."""
     from hwmodels import load_device
     from sim import sweep
@@ -158,7 +158,9 @@ def trace_grid(config, trace_dirs, models=(OWN,), prompts=(OWN,), gens=(OWN,), b
         own_prompt, own_gen = facts["prompt"], facts["gen"]
         targets = [(facts["cell"], facts["model_hash"]) if m == OWN else (m, load_model(m).content_hash)
                    for m in models]
-        pairs = [(label, ratio) for label, ratio in facts["pairs"] if base_policy(label) in config.policies]
+        # a captured variant is kept when the sweep names it or its base policy (every variant of it)
+        pairs = [(label, ratio) for label, ratio in facts["pairs"]
+                 if label in config.policies or base_policy(label) in config.policies]
         lengths = [(own_prompt if p == OWN else int(p), own_gen if g == OWN else int(g)) for p in prompts for g in gens]
         rows = [(hw, cell, label, ratio, recent, batch, beams, prompt, gen, kvd, wd, profile)
                 for hw in config.hw for cell, _ in targets for label, ratio in pairs

@@ -24,7 +24,6 @@ import numpy as np
 from sim.models import windowed_per_layer
 from sim.op import SCORE_BYTES, Op, OpContext
 from sim.op import launch_count as _launch
-from sim.policies.base import budget
 from sim.policies.scored import ScoredPolicy
 
 ATTN_KERNELS = ("ragged", "padded")
@@ -70,7 +69,7 @@ class AdaptivePolicy(ScoredPolicy):
                         recent_ratio: float = FORMULA_RECENT_RATIO) -> np.ndarray:
         """Without a trace: each layer's budget (min with what exists), the same for every head, so ragged
         and padded agree. mass has no formula length: this is its cap k."""
-        k = float(budget(prompt, cache_ratio))
+        k = float(self.budget(prompt, cache_ratio))
         w = float(np.floor(recent_ratio * k))
         per_layer = self.layer_budgets(k, w, prompt, model.n_layers)
         exists = float(prompt) + np.arange(gen + 1, dtype=float)[:, None]

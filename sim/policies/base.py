@@ -10,6 +10,10 @@ Conventions (the same as keyformer/ and the Keyformer paper, §3.1/§3.4):
 - sliding-window layers (a `model` with `sliding_layers`) keep at most the window: the methods that take
   a `model` return the mean over layers (sim.models.windowed), what the engine's per-head KV length means.
 
+A variant (sim.policies.variants) is the same object with `variant_params`; of its keys only `budget_base`
+and `pad_length` enter here (`budget`): with budget_base=padded, k = floor(p max(pad_length, n)) as the
+released Keyformer scripts count it, so below pad_length / p tokens the cache first grows from n towards k.
+
 Every numeric argument may be a numpy array (one value per design point, decode step, layer): write the
 rules as plain arithmetic, as sim/ops.py does.
 """
@@ -37,6 +41,8 @@ def recent_window(k, recent_ratio):
 @dataclass(frozen=True)
 class SimPolicy:
     """An evicting policy without scores by default (window-like); subclasses say what differs."""
+    # a variant's own parameters, ((key, value), ...) sorted by key: () for the base policy
+    variant_params: tuple = ()
     name: ClassVar[str] = ""
     # keeps a budget of k tokens while decoding (False: the cache grows by one token per step)
     evicts: ClassVar[bool] = True
@@ -46,31 +52,45 @@ class SimPolicy:
     # kernels and passes over the fp32 score tensor (sim/profiles/eager.policy_eager_ops reads them)
     eager_paths: ClassVar[Mapping[str, Mapping[str, float]]] = {}
 
+    def param(self, key: str, default=None):
+        """A variant parameter's value (`default` when the variant does not set it)."""
+        return dict(self.variant_params).get(key, default)
+
+    def budget(self, prompt, cache_ratio):
+        """k of this policy (or variant): floor(p n) of the real prompt; with budget_base=padded,
+        floor(p max(pad_length, n)) (keyformer/base.py's rule; pad_length's default is the class's)."""
+        if self.param("budget_base", "real") != "padded":
+            return budget(prompt, cache_ratio)
+        from sim.policies.variants import parameters
+        pad = self.param("pad_length", parameters(self.name)["pad_length"].default)
+        return budget(np.maximum(np.asarray(prompt, float), float(pad)), cache_ratio)
+
     # --- KV lengths ---
     def kv_tokens(self, prompt, step, cache_ratio, model=None):
         """Cached tokens per KV head read at decode step `step` (0-based, before appending the new token)."""
         grown = np.asarray(prompt, float) + np.asarray(step, float)
         if not self.evicts:
             return windowed(model, grown)
-        return windowed(model, np.minimum(grown, budget(prompt, cache_ratio)))
+        return windowed(model, np.minimum(grown, self.budget(prompt, cache_ratio)))
 
     def peak_kv_tokens(self, prompt, gen, cache_ratio, model=None):
         """Most tokens per KV head held at once over a request: the prefill holds all n prompt tokens;
         a growing cache ends at n + gen (the whole sequence is reserved), an evicting one at k + 1 (the
-        appended token before its eviction)."""
-        n = np.asarray(prompt, float)
+        appended token before its eviction; at most n + gen when a padded budget is never reached)."""
+        n, gen = np.asarray(prompt, float), np.asarray(gen, float)
         if not self.evicts:
-            return windowed(model, n + np.asarray(gen, float))
-        return windowed(model, np.maximum(n, budget(prompt, cache_ratio) + 1.0))
+            return windowed(model, n + gen)
+        return windowed(model, np.maximum(n, np.minimum(self.budget(prompt, cache_ratio) + 1.0, n + gen)))
 
     def steady_kv_tokens(self, prompt, gen, cache_ratio, model=None):
         """Tokens per KV head a decoding request holds in the steady state of continuous batching, averaged
         over its life: a growing cache the prompt plus what it has generated so far, n + gen/2 (the mean
-        over its gen - 1 decode steps of n + t + 1, the step's own token included); evicting ones k + 1."""
-        n = np.asarray(prompt, float)
+        over its gen - 1 decode steps of n + t + 1, the step's own token included); evicting ones k + 1
+        (a padded budget above n: the growing cache's n + gen/2 until it reaches k)."""
+        n, gen = np.asarray(prompt, float), np.asarray(gen, float)
         if not self.evicts:
-            return windowed(model, n + 0.5 * np.asarray(gen, float))
-        return windowed(model, np.minimum(n, budget(prompt, cache_ratio)) + 1.0)
+            return windowed(model, n + 0.5 * gen)
+        return windowed(model, np.minimum(n + 0.5 * gen, self.budget(prompt, cache_ratio)) + 1.0)
 
     @property
     def appended_tokens(self) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 
 from sim.op import SCORE_BYTES, SOFTMAX_FLOPS, Op, OpContext
 from sim.op import launch_count as _launch
-from sim.policies.base import SimPolicy, budget, recent_window
+from sim.policies.base import SimPolicy, recent_window
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ScoredPolicy(SimPolicy):
                   launches=_launch(ctx, "score_update"), matmul=True)]
         if not ctx.completes_prompt:
             return ops
-        k = budget(n, ctx.cache_ratio)
+        k = np.minimum(self.budget(n, ctx.cache_ratio), n)   # a padded budget above n selects nothing
         return ops + selection_ops(ctx, n, k, recent_window(k, ctx.recent_ratio))
 
 

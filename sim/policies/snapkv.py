@@ -13,7 +13,7 @@ from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 from sim.models import windowed
 from sim.op import SCORE_BYTES, Op, OpContext
 from sim.op import launch_count as _launch
-from sim.policies.base import SimPolicy, budget
+from sim.policies.base import SimPolicy
 from sim.policies.scored import last_queries_score_ops, selection_ops
 
 
@@ -26,7 +26,7 @@ class SnapKVPolicy(SimPolicy):
     score_flops: ClassVar[float] = float(SCORE_FLOPS_PER_ELEMENT["snapkv"])
 
     def _kept(self, prompt, cache_ratio):
-        return np.minimum(np.asarray(prompt, float), budget(prompt, cache_ratio))
+        return np.minimum(np.asarray(prompt, float), self.budget(prompt, cache_ratio))
 
     def kv_tokens(self, prompt, step, cache_ratio, model=None):
         return windowed(model, self._kept(prompt, cache_ratio) + np.asarray(step, float))
@@ -44,7 +44,7 @@ class SnapKVPolicy(SimPolicy):
             return []
         m, rows = ctx.model, ctx.rows
         n = ctx.past_tokens + ctx.new_tokens
-        k = budget(n, ctx.cache_ratio)
+        k = np.minimum(self.budget(n, ctx.cache_ratio), n)
         votes = rows * m.n_kv_heads * n
         return [
             *last_queries_score_ops(ctx, self.window, self.score_flops),

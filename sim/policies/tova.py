@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 from sim.op import SCORE_BYTES, Op, OpContext
 from sim.op import launch_count as _launch
-from sim.policies.base import budget
 from sim.policies.scored import ScoredPolicy, last_queries_score_ops, selection_ops
 
 
@@ -48,4 +49,4 @@ class TOVAPolicy(ScoredPolicy):
             return []
         n = ctx.past_tokens + ctx.new_tokens
         return [*last_queries_score_ops(ctx, 1.0, self.score_flops),
-                *selection_ops(ctx, n, budget(n, ctx.cache_ratio), 0.0)]
+                *selection_ops(ctx, n, np.minimum(self.budget(n, ctx.cache_ratio), n), 0.0)]

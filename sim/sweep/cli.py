@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvcommon import DesignPoint
 from kvcommon.fields import add_flags, help_of
+from kvcommon.variants import split_variants
 from sim.des.serving import ServeConfig
 from sim.des.slo import SLO
 from sim import runner
@@ -28,7 +29,7 @@ from sim.sweep.summary import write_outputs
 AXIS_FIELDS = {"hw": "hw", "models": "model", "policies": "policy", "cache_ratios": "cache_ratio",
                "recent_ratios": "recent_ratio", "batches": "batch", "beams": "beams", "prompts": "prompt",
                "gens": "gen", "kv_dtypes": "kv_dtype", "weight_dtypes": "weight_dtype", "profiles": "profile"}
-AXIS_HELP = {"hw": "devices (names or YAML files)", "models": "models (names or configs)", "policies": "policies",
+AXIS_HELP = {"hw": "devices (names or YAML files)", "models": "models (names or configs)", "policies": "policies or variants (keyformer:selection=official, h2o:recent_ratio=0.2)",
              "cache_ratios": "cache ratios", "recent_ratios": "recent ratios", "batches": "batch sizes",
              "beams": "beam widths", "prompts": "prompt lengths", "gens": "generation lengths",
              "kv_dtypes": "KV dtypes", "weight_dtypes": "weight dtypes", "profiles": "profiles"}
@@ -44,7 +45,9 @@ def build_parser() -> ArgumentParser:
     for dest, field_name in AXIS_FIELDS.items():
         flag = "--" + dest.replace("_", "-")
         names = (flag, "--devices") if flag == "--hw" else (flag,)
-        p.add_argument(*names, dest=dest, type=csv_list(_item_type(field_name), flag), metavar="A,B,..",
+        # policies: a comma inside a variant's `name:k=v,k=v` is the variant's (kvcommon.variants.split_variants)
+        kind = split_variants if dest == "policies" else csv_list(_item_type(field_name), flag)
+        p.add_argument(*names, dest=dest, type=kind, metavar="A,B,..",
                        help=f"{AXIS_HELP[dest]}, comma-separated (default {default(dest)})")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--csv", action="store_true",

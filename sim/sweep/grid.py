@@ -11,6 +11,8 @@ from hwmodels.dtypes import canonical_dtype
 from kvcommon.design import CACHE_RATIO_RANGE, DEFAULT_DTYPE, DEFAULT_PROFILE, DEFAULT_RECENT_RATIO, RECENT_RATIO_RANGE
 from sim.models import load_model
 from sim.policies import NAMES as POLICIES
+from sim.policies import get as get_policy
+from sim.policies import label as policy_label
 
 DEFAULT_MODELS = ["llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b"]
 DEFAULT_RATIOS = [round(0.1 * i, 1) for i in range(1, 11)]
@@ -58,9 +60,13 @@ class GridConfig:
                     raise ValueError(f"grid {name}: expected numbers in {interval}, got {v!r}")
                 if check(v):
                     raise ValueError(f"grid {name}: {v!r} out of range {interval}")
-        for v in self.policies:
-            if not isinstance(v, str) or v not in POLICIES:
+        for i, v in enumerate(self.policies):
+            if not isinstance(v, str):
                 raise ValueError(f"grid policies: unknown policy {v!r}; expected {', '.join(POLICIES)}")
+            try:    # a variant (`h2o:recent_ratio=0.2`) as its stored label, the policy string of the simulator
+                self.policies[i] = policy_label(v)
+            except ValueError as exc:
+                raise ValueError(f"grid policies: {exc}") from None
         for name in ("hw", "models", "policies", "kv_dtypes", "weight_dtypes", "profiles"):
             bad = [v for v in getattr(self, name) if not isinstance(v, (str, os.PathLike))]
             if bad:
@@ -91,6 +97,12 @@ def build_grid(config: GridConfig) -> pd.DataFrame:
     # MultiIndex.from_product builds the product in numpy (about 1 s per 2 million points); a Python
     # itertools.product of tuples would take ten times longer and memory for 10^7-point grids.
     df = pd.MultiIndex.from_product(axes, names=INPUT_COLUMNS).to_frame(index=False)
+    own = {p: get_policy(p).param("recent_ratio") for p in config.policies}
+    own = {p: float(r) for p, r in own.items() if r is not None}
+    if own:     # a variant's own recent_ratio is its points' recent ratio (sim.policies.variants), not the axis's
+        mine = df["policy"].isin(list(own))
+        df.loc[mine, "recent_ratio"] = df.loc[mine, "policy"].map(own)
+        df = df.drop_duplicates(subset=INPUT_COLUMNS, ignore_index=True)
     # cells keep the user's spelling (a name or a file path), so evaluate() can load them anywhere
     df["hw_hash"] = df["hw"].map({n: d.content_hash for n, d in devices.items()})
     df["model_hash"] = df["model"].map({n: s.content_hash for n, s in specs.items()})

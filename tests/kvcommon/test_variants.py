@@ -47,3 +47,34 @@ def test_helpers_and_hash():
 def test_round_trip(params):
     v = PolicyVariant("keyformer", params)
     assert PolicyVariant.parse(str(v)) == v and PolicyVariant.from_label(v.label) == v
+
+
+def test_read_takes_both_spellings():
+    from kvcommon.variants import PolicyVariant as V
+    assert V.read("keyformer:selection=official") == V.read("keyformer(selection=official)") == \
+        V("keyformer", {"selection": "official"})
+    assert V.read("h2o:recent_ratio=0.20").label == "h2o(recent_ratio=0.2)"    # the label a trace stores
+    assert V.read("full") == V("full")
+
+
+def test_split_variants_keeps_a_variants_commas():
+    from kvcommon.variants import split_variants
+    assert split_variants("full,keyformer:noise=gaussian,tau_init=2,h2o") == \
+        ["full", "keyformer:noise=gaussian,tau_init=2", "h2o"]
+    assert split_variants(["keyformer(budget_base=padded,pad_length=512)", "h2o:recent_ratio=0.2,window"]) == \
+        ["keyformer(budget_base=padded,pad_length=512)", "h2o:recent_ratio=0.2", "window"]
+
+
+def test_check_variant_lists_the_valid_keys_and_values():
+    from kvcommon.variants import PolicyVariant as V, VariantParam, check_variant
+    params = {"noise": VariantParam("noise", "gumbel", "str", ("gumbel", "none")),
+              "pad_length": VariantParam("pad_length", 1920, "int"), "cache_ratio": VariantParam("cache_ratio", 0.5, "float")}
+    reserved = {"cache_ratio": "give it with --cache-ratio"}
+    assert check_variant(V.read("k:noise=none,pad_length=4"), params, reserved).params == {"noise": "none", "pad_length": 4}
+    for text, message in (("k:colour=red", "policy k has no parameter 'colour'; its parameters: noise, pad_length"),
+                          ("k:noise=loud", "policy k: noise must be one of gumbel, none, got 'loud'"),
+                          ("k:pad_length=2.5", "policy k: pad_length must be an integer, got 2.5"),
+                          ("k:cache_ratio=0.5", "not a variant parameter (give it with --cache-ratio)")):
+        with pytest.raises(ValueError) as info:
+            check_variant(V.read(text), params, reserved)
+        assert message in str(info.value) and "\n" not in str(info.value)

@@ -20,7 +20,8 @@ def test_predict_help_shows_defaults_and_choices(capsys):
     with pytest.raises(SystemExit):
         predict.build_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--policy {full,window,streaming,h2o,keyformer,snapkv,tova,mass,pyramidkv,adakv}" in text and "(default: full)" in text
+    assert "one of full, window, streaming, h2o, keyformer, snapkv, tova, mass, pyramidkv, adakv, or a variant" in text
+    assert "(default: full)" in text and "keyformer:selection=official" in text
     assert "one of fp32, bf16, fp16, fp8, int8, int4 (default: bf16)" in text
     assert "hf-eager" in text and "(default: fused)" in text and "(default: 0.3)" in text
     assert "(default: None)" not in text and "(default: False)" not in text

@@ -112,7 +112,7 @@ def test_trace_failures_are_one_line(capsys, monkeypatch, tmp_path):
     (["--cache-ratio", "0"], "--cache-ratio"),
     (["--cache-ratio", "1.5"], "--cache-ratio"),
     (["--recent-ratio", "2"], "--recent-ratio"),
-    (["--policy", "sparse"], "invalid choice"),
+    (["--policy", "sparse"], "unknown policy 'sparse'; expected one of full, window"),
     (["--batch", "0"], "--batch must be >= 1, got 0"),
     (["--gen", "many"], "expected an integer"),
     (["--profile", "nope"], "unknown profile"),
