@@ -1,6 +1,12 @@
 """`python -m keyformer.generate` (and `python -m keyformer`): greedy generation under a KV-cache policy that
 physically evicts, on a local model folder. The flags are GenerateRequest's fields (kvcommon.fields): help,
-checks and defaults declared once; an input mistake is one `error: ...` line and exit code 2."""
+checks and defaults declared once; an input mistake is one `error: ...` line and exit code 2.
+
+--policy is any of keyformer.POLICIES (all ten) or a variant in the project's one grammar
+(`keyformer:selection=official`, `h2o:recent_ratio=0.2`, or a trace's label `keyformer(noise=none)`): its keys
+are the policy class's parameters (kvcommon.policy_params reads them from the classes, as sim/ does), so a
+parameter a class gains is a variant key here without a list to update. --recent-ratio and --noise are
+shorthands for the keys of the same name."""
 from __future__ import annotations
 
 import argparse
@@ -13,25 +19,36 @@ from pathlib import Path
 
 import torch
 
+import keyformer
 from keyformer import compat, make_policy
 from keyformer.generate import decode_n_tokens, prefill
 from kvcommon.cli import OneLineParser
 from kvcommon.design import CACHE_RATIO_RANGE, RECENT_RATIO_RANGE
 from kvcommon.fields import add_flags, at_least, from_args, param, validate
+from kvcommon.policy_params import read_policy_parameters
+from kvcommon.variants import PolicyVariant, check_variant
 
-CLI_POLICIES = ("full", "window", "streaming", "h2o", "keyformer")   # the simulator's policies, comparable there
+POLICY_NAMES = tuple(keyformer.POLICIES)   # the one registry: every policy keyformer/ implements
+RESERVED = {"cache_ratio": "give it with --cache-ratio"}   # variant keys that have their own flag
+
+
+def declared_parameters(name: str) -> dict:
+    """The parameters policy `name`'s class declares (kvcommon.policy_params over this package's source)."""
+    return read_policy_parameters(Path(keyformer.__file__).resolve().parent).get(name, {})
 
 
 @dataclass(frozen=True)
 class GenerateRequest:
     model: str = param(help="local model folder (or a name already in the HF cache)")
-    policy: str = param(choices=CLI_POLICIES)
+    policy: str = param(help=f"{', '.join(POLICY_NAMES)}, or a variant name:key=value,... of the policy's "
+                             "parameters (keyformer:selection=official, keyformer:budget_base=padded, "
+                             "h2o:recent_ratio=0.2)")
     cache_ratio: float | None = param(None, check=CACHE_RATIO_RANGE,
                                       help="KV budget as a fraction of the real prompt length (required except for full)")
     recent_ratio: float | None = param(None, check=RECENT_RATIO_RANGE,
-                                       help="recent window as a fraction of the budget (h2o, keyformer; default 0.3)")
-    noise: str | None = param(None, choices=("gumbel", "gaussian", "constant", "none"),
-                              help="keyformer's logit noise (default gumbel)")
+                                       help="recent window as a fraction of the budget (the variant key "
+                                            "recent_ratio; default: the policy's own)")
+    noise: str | None = param(None, help="keyformer's logit noise: the variant key noise (default gumbel)")
     max_new_tokens: int = param(32, check=at_least(1))
     prompt: str | None = param(None)
     prompt_file: str | None = param(None)
@@ -87,25 +104,46 @@ def check_args(args: argparse.Namespace) -> GenerateRequest:
         raise UsageError(str(exc)) from None
 
 
+def read_variant(text: str) -> PolicyVariant:
+    """--policy as a checked variant: a known name, keys its class declares, listed values (UsageError)."""
+    try:
+        variant = PolicyVariant.read(text)
+        if variant.name not in keyformer.POLICIES:
+            raise ValueError(f"unknown policy {variant.name!r}; expected one of {', '.join(POLICY_NAMES)}")
+        return check_variant(variant, declared_parameters(variant.name), RESERVED)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _uses(name: str, key: str) -> bool:
+    """Whether policy `name` takes the shorthand flag's key: its class declares it (recent_ratio: and it
+    evicts; what a recent ratio means to it, or whether it allows one, is the class's to say)."""
+    return key in declared_parameters(name) and (key != "recent_ratio" or keyformer.POLICIES[name].evicts)
+
+
 def policy_from_args(args: argparse.Namespace):
     check_args(args)
-    params = {}
-    if args.policy != "full":
-        if args.cache_ratio is None:
-            raise UsageError(f"--policy {args.policy} needs --cache-ratio (the KV budget, a fraction in (0, 1])")
+    variant = read_variant(args.policy)
+    params = dict(variant.params)
+    if variant.name != "full" and args.cache_ratio is None:
+        raise UsageError(f"--policy {variant.name} needs --cache-ratio (the KV budget, a fraction in (0, 1])")
+    if args.cache_ratio is not None:
         params["cache_ratio"] = args.cache_ratio
-    if args.recent_ratio is not None:
-        if args.policy not in ("h2o", "keyformer"):
-            raise UsageError(f"--recent-ratio applies to h2o and keyformer, not {args.policy}")
-        params["recent_ratio"] = args.recent_ratio
-    if args.noise is not None:
-        if args.policy != "keyformer":
-            raise UsageError(f"--noise applies to keyformer only, not {args.policy}")
-        params["noise"] = args.noise
-    if args.policy == "keyformer":
-        params.update(seed=args.seed, max_new_tokens=args.max_new_tokens)
+    for flag, key, value in (("--recent-ratio", "recent_ratio", args.recent_ratio), ("--noise", "noise", args.noise)):
+        if value is None:
+            continue
+        if not _uses(variant.name, key):
+            takers = [n for n in POLICY_NAMES if _uses(n, key)]
+            raise UsageError(f"{flag} applies to {', '.join(takers)}, not {variant.name}")
+        if key in params and params[key] != value:
+            raise UsageError(f"--policy {args.policy} sets {key}={params[key]} and {flag} {value}: give one")
+        params[key] = value
+    declared = declared_parameters(variant.name)
+    for key, value in (("seed", args.seed), ("max_new_tokens", args.max_new_tokens)):   # the run's own
+        if key in declared:
+            params.setdefault(key, value)
     try:
-        return make_policy(args.policy, **params)
+        return make_policy(variant.name, **params)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -143,6 +181,7 @@ def run(args: argparse.Namespace) -> dict:
             "text": tokenizer.decode(new_tokens, skip_special_tokens=True),
             "model": args.model,
             "policy": policy.name,
+            "label": PolicyVariant.read(args.policy).label,   # the variant as traces and the simulator store it
             "params": policy.params(),
             "prompt_tokens": int(input_ids.shape[1]),
             "generated_tokens": len(new_tokens),
@@ -176,7 +215,7 @@ def main(argv=None) -> int:
         print(json.dumps(result))
     else:
         print(result["text"])
-        print(f"[{result['policy']}: prompt {result['prompt_tokens']} tokens, budget {result['kv_budget']}, "
+        print(f"[{result['label']}: prompt {result['prompt_tokens']} tokens, budget {result['kv_budget']}, "
               f"kv_lengths {result['kv_lengths']}, median decode step {result['decode_step_s']}]", file=sys.stderr)
     return 0
 

@@ -9,6 +9,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 from kvcommon.cli import OneLineParser
 from kvcommon.fields import add_flags, from_args
+from kvcommon.variants import split_variants
 from traces.capture import CaptureConfig
 
 
@@ -17,9 +18,11 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(prog="python -m traces.capture",
                       description="Capture KV traces (kept tokens, retained attention mass, step times, texts).")
     add_flags(p, CaptureConfig, ["model"])
+    import keyformer     # the one registry of policies (torch loads here, after OMP_WAIT_POLICY is set)
     p.add_argument("--policy", action="append", required=True, metavar="P", dest="policies",
-                   help="full, window, streaming, h2o, keyformer; repeat or comma-separate for several; "
-                        "parameters as name:key=value,key=value (e.g. keyformer:noise=gaussian)")
+                   help=f"{', '.join(keyformer.POLICIES)}; repeat or comma-separate for several; parameters "
+                        "as name:key=value,key=value (e.g. keyformer:noise=gaussian, keyformer:selection=official, "
+                        "h2o:recent_ratio=0.2): the policy class's fields")
     add_flags(p, CaptureConfig, ["cache_ratios", "recent_ratio", "dataset", "n", "max_new_tokens",
                                  "max_prompt_tokens", "device", "dtype", "seed", "teacher_forced", "threads",
                                  "detail"])
@@ -33,10 +36,7 @@ def build_parser() -> OneLineParser:
 
 def _policies(values: list[str]) -> list[str]:
     """`--policy full,h2o` and repeated flags; a comma inside `name:k=v,k=v` belongs to the parameters."""
-    out = []
-    for value in values:
-        out.extend([value] if ":" in value else [v for v in value.split(",") if v.strip()])
-    return out
+    return split_variants(values)
 
 
 def main(argv=None) -> int:
