@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 # What a user mistake raises in library code (docs/ARCHITECTURE.md): a message, not a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, KeyError)
+# OverflowError: an integer too large for numpy's int64 that got past the flag checks (a YAML value, say).
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, KeyError,
+               OverflowError)
+
+# An integer flag beyond this is a typo, not a size: larger values overflow numpy's int64 arithmetic
+# (token counts times bytes per token), and 2^53 is the largest integer a float holds exactly.
+INT_LIMIT = 2**53
+
+
+def checked_int(text: str) -> int:
+    """int(text) for a flag, refusing values beyond INT_LIMIT (ValueError naming the limit)."""
+    value = int(text)
+    if abs(value) > INT_LIMIT:
+        raise ValueError(f"{text!r} is beyond 2^53, the largest integer accepted")
+    return value
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -72,20 +88,32 @@ def csv_list(kind: Callable, name: str):
         if not items:
             raise argparse.ArgumentTypeError(f"{name}: empty list")
         try:
-            return [kind(t) for t in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: cannot read {text!r} as a comma-separated list") from None
+            return [checked_int(t) if kind is int else kind(t) for t in items]
+        except ValueError as exc:
+            detail = " (integers of at most 2^53)" if "2^53" in str(exc) else ""
+            raise argparse.ArgumentTypeError(f"{name}: cannot read {text!r} as a comma-separated list{detail}") from None
     return parse
 
 
 def positive_int(text: str) -> int:
-    """argparse type for an integer >= 1."""
+    """argparse type for an integer >= 1 (and <= INT_LIMIT)."""
     try:
-        value = int(text)
+        value = checked_int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to 2^53, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for an integer >= 0 (a seed, a count that may be zero), <= INT_LIMIT."""
+    try:
+        value = checked_int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2^53, got {text!r}")
     return value
 
 
@@ -122,3 +150,50 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def check_out_folder(flag: str, path) -> Path:
+    """An output folder a tool will create (or fill): checked before any work, so a typo costs no run.
+    Refuses an empty name, an existing file, a path under a file and a parent this user cannot write in;
+    returns the path. Nothing is created."""
+    if path is None or not str(path).strip():
+        raise ValueError(f"{flag}: empty folder name")
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {path} is an existing file; {flag} names a folder")
+    parent = target
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {parent} (permission denied)")
+    return target
+
+
+@contextmanager
+def staged_folder(out: Path, owned: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Write an output folder's files into a temporary sibling, moved into `out` only when the block
+    finishes: an interrupted or failed run leaves no partial set of outputs (an existing `out` keeps its
+    old files, a new one is not created). Files already in `out` that the run rewrites are replaced;
+    `owned` names files of a previous run that go when this run did not write them (a stale points.csv)."""
+    out = Path(out).expanduser().resolve()     # `--out .` has a name once resolved
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        yield stage
+        if not out.exists():
+            os.replace(stage, out)
+        else:
+            for name in owned:
+                if not (stage / name).exists():
+                    (out / name).unlink(missing_ok=True)
+            for item in sorted(stage.rglob("*")):
+                if item.is_file():
+                    dest = out / item.relative_to(stage)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(item, dest)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

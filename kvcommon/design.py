@@ -21,12 +21,14 @@ DEFAULT_PROFILE = "fused"
 CACHE_RATIO_RANGE = in_range(0, 1, low_open=True)   # (0, 1]: the budget keeps at least one token
 RECENT_RATIO_RANGE = in_range(0, 1)                 # [0, 1]: share of the budget kept as a recent window
 POSITIVE = at_least(1)
+# An empty name (`--hw ""`, an unset shell variable) names nothing; said with the flag, not as ": unknown device".
+NAMED = lambda value: None if str(value).strip() else "must not be empty"
 
 
 @dataclass(frozen=True)
 class DesignPoint:
-    hw: str = param(help="device name (python -m hwmodels list) or hardware YAML file")
-    model: str = param(help="shipped model name or HF config.json / model folder")
+    hw: str = param(help="device name (python -m hwmodels list) or hardware YAML file", check=NAMED)
+    model: str = param(help="shipped model name or HF config.json / model folder", check=NAMED)
     prompt: int = param(help="prompt tokens per request", check=POSITIVE)
     gen: int = param(help="generated tokens per request", check=POSITIVE)
     batch: int = param(1, help="requests decoded together", check=POSITIVE)

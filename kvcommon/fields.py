@@ -20,6 +20,8 @@ import dataclasses
 import re
 from typing import Callable, Iterable
 
+from kvcommon.cli import checked_int
+
 
 # metadata keys of param(); everything else in a field's metadata is left alone
 _KEY = "kvcommon"
@@ -152,7 +154,7 @@ def _text_parser(f: dataclasses.Field, meta: dict) -> Callable:
     if meta["convert"] is not None:
         return meta["convert"]
     kind = f.type if isinstance(f.type, str) else str(f.type)     # "tuple[int, ...]", "<class 'float'>"
-    for name, cast in (("bool", bool), ("int", int), ("float", float)):
+    for name, cast in (("bool", bool), ("int", checked_int), ("float", float)):
         if re.search(rf"\b{name}\b", kind):
             return cast
     return str
@@ -160,13 +162,15 @@ def _text_parser(f: dataclasses.Field, meta: dict) -> Callable:
 
 def _typed(parse: Callable, flag: str) -> Callable:
     """argparse type: one-line `--flag: expected an integer, got 'x'`-style messages."""
-    what = {int: "an integer", float: "a number"}.get(parse, "a valid value")
+    what = {int: "an integer", checked_int: "an integer", float: "a number"}.get(parse, "a valid value")
 
     def convert(text: str):
         try:
             return parse(text)
         except (TypeError, ValueError) as exc:
-            detail = f": {exc}" if parse not in (int, float) and str(exc) else ""
+            if "2^53" in str(exc):
+                raise argparse.ArgumentTypeError(f"expected an integer of at most 2^53, got {text!r}") from None
+            detail = f": {exc}" if parse not in (int, float, checked_int) and str(exc) else ""
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}{detail}") from None
     convert.__name__ = getattr(parse, "__name__", "value")
     return convert
@@ -174,15 +178,16 @@ def _typed(parse: Callable, flag: str) -> Callable:
 
 def _typed_list(parse: Callable) -> Callable:
     """argparse type for comma-separated values: `--batch 1,8,32` -> [1, 8, 32]."""
-    what = {int: "integers", float: "numbers"}.get(parse, "values")
+    what = {int: "integers", checked_int: "integers", float: "numbers"}.get(parse, "values")
 
     def convert(text: str):
+        detail = ""
         try:
             values = [parse(t.strip()) for t in text.split(",") if t.strip()]
-        except (TypeError, ValueError):
-            values = None
+        except (TypeError, ValueError) as exc:
+            values, detail = None, " (integers of at most 2^53)" if "2^53" in str(exc) else ""
         if not values:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}{detail}")
         return values
     convert.__name__ = f"list of {what}"
     return convert

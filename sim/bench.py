@@ -7,6 +7,7 @@ The library's one benchmark (installed, `kvsim bench`); one-off scripts live in 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -15,11 +16,36 @@ import time
 import numpy as np
 import pandas as pd
 
-from sim.cli import ArgumentParser, positive_int, run
+from sim.cli import ArgumentParser, non_negative_int, positive_int, progress_disabled, run
 from sim.policies import NAMES as POLICIES
 
 BENCH_MODELS = ("llama-2-7b", "llama-3-8b", "mpt-7b", "gpt-j-6b", "llama-2-70b", "mistral-7b")
 DTYPE_CHOICES = ("bf16", "fp16", "fp8", "int8")
+# The points are drawn up front, about 200 bytes each (plus the chunk's evaluation): 1e8 is ~20 GB.
+MAX_POINTS = 100_000_000
+
+
+def point_count(text: str) -> int:
+    """--points: a whole number >= 1, also written 1e6 or 1_000_000 (as the help writes it), <= MAX_POINTS."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        value = float("nan")
+    if not (value >= 1 and value == int(value)):
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 (e.g. 1e6), got {text!r}")
+    if value > MAX_POINTS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_POINTS:.0e} points (all are drawn before timing, about "
+                                         f"200 bytes each), got {text!r}")
+    return int(value)
+
+
+def device_list(text: str) -> list[str]:
+    """--hw: comma-separated device names; an empty list is a mistake, not "all devices"."""
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise argparse.ArgumentTypeError(f"expected comma-separated device names, got {text!r} "
+                                         "(leave --hw out for every datasheet device)")
+    return devices
 
 
 def random_points(n: int, seed: int = 0, devices=None) -> pd.DataFrame:
@@ -39,10 +65,11 @@ def random_points(n: int, seed: int = 0, devices=None) -> pd.DataFrame:
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--points", type=positive_int, default=1_000_000, help="design points to evaluate (default 1e6)")
+    p.add_argument("--points", type=point_count, default=1_000_000,
+                   help=f"design points to evaluate, 1 to {MAX_POINTS:.0e} (default 1e6)")
     p.add_argument("--chunk", type=positive_int, default=250_000, help="points per evaluate() call")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hw", help="comma-separated devices (default: all datasheet devices)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the points")
+    p.add_argument("--hw", type=device_list, help="comma-separated devices (default: all datasheet devices)")
     return p
 
 
@@ -50,12 +77,11 @@ def main(argv=None) -> int:
     from tqdm import tqdm
     from sim.sweep import evaluate
     a = build_parser().parse_args(argv)
-    devices = [d.strip() for d in a.hw.split(",") if d.strip()] if a.hw else None
-    points = random_points(a.points, a.seed, devices)
+    points = random_points(a.points, a.seed, a.hw)
     evaluate(points.head(64))                      # warm-up: device files, model specs, imports
     t0 = time.perf_counter()
     done = 0
-    with tqdm(total=len(points), unit="pt", unit_scale=True, file=sys.stderr, disable=None) as bar:
+    with tqdm(total=len(points), unit="pt", unit_scale=True, file=sys.stderr, disable=progress_disabled()) as bar:
         for start in range(0, len(points), a.chunk):
             chunk = points.iloc[start:start + a.chunk]
             out = evaluate(chunk)

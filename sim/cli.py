@@ -3,7 +3,8 @@ list flags, atomic writes, re-exported here): readable durations, output-file ch
 from __future__ import annotations
 
 from kvcommon.cli import (USER_ERRORS, DefaultsHelpFormatter, OneLineParser, atomic_write_bytes,  # noqa: F401
-                          atomic_write_text, atomic_writer, csv_list, fail, positive_int, progress_disabled, run)
+                          atomic_write_text, atomic_writer, check_out_folder, checked_int, csv_list, fail,
+                          non_negative_int, positive_int, progress_disabled, run, staged_folder)
 
 
 class UserError(ValueError):

@@ -275,7 +275,13 @@ def write_tradeoff(joined: pd.DataFrame, out_dir: str | Path, throughput: str, p
                         "predicted from the trace's own per-step, per-layer KV lengths. Pareto front per device "
                         "(no other setting is both faster and better), fastest last:", ""]
     for trace, group in joined.groupby("trace", sort=True):
-        metric = quality_metric(group)
+        try:
+            metric = quality_metric(group)
+        except ValueError:      # an unscored trace (or variant): its rows are kept, there is no front
+            parts.append(group.assign(quality_metric=None, pareto=False))
+            lines += [f"### {trace}", "", "Not scored: no quality column (run `python -m traces.quality` on "
+                      "the trace folder); its points are in tradeoff.csv without a front.", ""]
+            continue
         usable = group[np.isfinite(group[throughput].astype(float)) & (group[throughput].astype(float) > 0)]
         flagged = pareto_front(usable, throughput, metric, by=by) if len(usable) else usable.assign(pareto=False)
         parts.append(group.assign(quality_metric=metric, pareto=flagged["pareto"].reindex(group.index, fill_value=False)))

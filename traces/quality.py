@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvcommon.cli import OneLineParser, atomic_writer
+from kvcommon.cli import OneLineParser, atomic_writer, check_out_folder, run
 
 import traces
 from traces import schema
@@ -177,7 +177,8 @@ def paired_differences(samples: pd.DataFrame, a: str = "keyformer", b: str = "h2
 
     left = samples[samples["policy"] == a].set_index(["cache_ratio", "sample"])
     right = samples[samples["policy"] == b].set_index(["cache_ratio", "sample"])
-    both = left.join(right, how="inner", lsuffix="_a", rsuffix="_b")
+    # merge, not join(lsuffix=...): the same columns, without pandas' deprecation warning on stderr
+    both = left.merge(right, how="inner", left_index=True, right_index=True, suffixes=("_a", "_b"))
     rows = []
     for ratio, group in both.groupby(level="cache_ratio"):
         for metric in PAIRED_METRICS:
@@ -327,13 +328,37 @@ def write_report(quality: pd.DataFrame, out: Path, title: str, paired: pd.DataFr
     return written
 
 
+def report_folder(trace_dir, refresh_bundled: bool = False) -> Path:
+    """Where a trace's own report goes: its quality/ folder, which sweeps read. A bundled trace's
+    (traces/data/, tracked files) is rewritten only with --refresh-bundled; otherwise its report goes to
+    results/quality/<its path under traces/data>/, so running the tool leaves the checkout clean."""
+    from traces.assets import DATA_DIR
+    folder = Path(trace_dir)
+    try:
+        name = folder.resolve().relative_to(DATA_DIR.resolve())
+    except ValueError:
+        return folder / schema.QUALITY_DIR
+    return folder / schema.QUALITY_DIR if refresh_bundled else Path("results") / "quality" / name
+
+
 def main(argv=None) -> int:
+    """The reports; a user mistake is one `error:` line and exit code 2 (kvcommon.cli.run)."""
+    return run(_main, argv)
+
+
+def _main(argv) -> int:
     parser = OneLineParser(prog="python -m traces.quality",
                      description="ROUGE, self-ROUGE, retained attention mass, perplexity per policy x ratio, "
-                                 "with bootstrap 95% intervals and paired Keyformer - H2O differences.")
+                                 "with bootstrap 95% intervals and paired Keyformer - H2O differences. Each trace's "
+                                 "report goes into its quality/ folder (a bundled trace's: results/quality/NAME/).")
     parser.add_argument("dirs", nargs="+", help="trace folders")
     parser.add_argument("--out", help="also write a combined report (csv, md, png) here")
+    parser.add_argument("--refresh-bundled", action="store_true",
+                        help="rewrite the quality/ reports inside bundled traces (traces/data/, tracked files) "
+                             "instead of writing them under results/quality/")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        check_out_folder("--out", args.out)     # before any scoring
     try:
         frames, pairs, labels = [], [], []
         for folder in args.dirs:
@@ -344,23 +369,20 @@ def main(argv=None) -> int:
             if not paired.empty:
                 paired.insert(0, "trace", quality["trace"].iloc[0])
                 paired.insert(0, "model", trace.model["name"])
-            write_report(quality, Path(folder) / schema.QUALITY_DIR,
+            target = report_folder(folder, args.refresh_bundled)
+            write_report(quality, target,
                          f"Quality: {trace.model['name']} on {trace.manifest['dataset']['name']}", paired)
             frames.append(quality)
             pairs.append(paired)
             labels.append(f"{trace.model['name']} on {trace.manifest['dataset']['name']} ({Path(folder).name})")
-            print(f"{folder}/{schema.QUALITY_DIR}/quality.md")
+            print(target / "quality.md")
         if args.out:
             combined = pd.concat(frames, ignore_index=True)
             write_report(combined, Path(args.out), "Quality: " + "; ".join(labels),
                          pd.concat(pairs, ignore_index=True))
             print(f"{args.out}/quality.md")
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except ImportError as exc:
-        print(f"error: {exc} (pip install rouge-score)", file=sys.stderr)
-        return 2
+        raise ValueError(f"{exc} (pip install rouge-score)") from None
     return 0
 
 

@@ -32,24 +32,24 @@ def _parser() -> argparse.ArgumentParser:
               choices={"policy": policies.NAMES})
     p.add_argument("--qps", type=float, default=None, help="request rate (requests/s; default inf = all at t=0); "
                    "with --workload the rate its arrivals are time-scaled to (default: as recorded)")
-    p.add_argument("--requests", type=int, default=None, help="number of requests (default: 100, or the whole file)")
+    p.add_argument("--requests", type=cli.positive_int, default=None, help="number of requests (default: 100, or the whole file)")
     add_flags(p, ServeConfig, ("request_trace", "window", "max_model_len", "overlong", "step_grid"))
     add_flags(p, DesignPoint, ("prompt", "gen"), defaults={"prompt": None, "gen": None},
               help={"gen": "output tokens per request"})
     p.add_argument("--arrivals", default="poisson", help="poisson | gamma | CSV/JSONL file (arrival_s, "
                    "prompt_tokens, output_tokens per row)")
     p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation of the gaps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli.non_negative_int, default=0, help="workload draws' random seed")
     add_flags(p, ServeConfig, ("prompt_dist", "gen_dist"))
     add_flags(p, DesignPoint, ("kv_dtype", "weight_dtype", "profile"))
-    p.add_argument("--max-batch", type=int, default=None, help="max requests in flight (default: memory decides)")
-    p.add_argument("--chunked-prefill", type=int, default=None, metavar="TOKENS",
+    p.add_argument("--max-batch", type=cli.checked_int, default=None, help="max requests in flight (default: memory decides)")
+    p.add_argument("--chunked-prefill", type=cli.checked_int, default=None, metavar="TOKENS",
                    help="chunked prefill with this token budget per step (decodes count one each)")
-    p.add_argument("--max-step-tokens", type=int, default=None,
+    p.add_argument("--max-step-tokens", type=cli.checked_int, default=None,
                    help="without chunking: prefill tokens per step (default max(2048, longest request))")
     p.add_argument("--admission", default="paged", choices=ADMISSION_MODES,
                    help="paged: on-demand KV blocks, recompute preemption; reserve: reserve each request's peak")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--block-size", type=cli.checked_int, default=16, help="tokens per KV block")
     p.add_argument("--memory-utilization", type=float, default=1.0, help="fraction of device memory usable")
     p.add_argument("--trace", default=None, metavar="DIR", help="captured trace folder: per-request KV lengths")
     p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
@@ -153,6 +153,8 @@ def format_report(res: ServeResult) -> str:
 
 def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if not args.hw.strip():     # DesignPoint's check, which ServeConfig does not repeat
+        raise cli.UserError("--hw must not be empty")
     replay_flags(args)
     if args.arrivals in ARRIVAL_KINDS and args.requests is None and args.request_trace is None:
         args.requests = 100

@@ -15,7 +15,7 @@ from kvcommon.variants import split_variants
 from sim.des.serving import ServeConfig
 from sim.des.slo import SLO
 from sim import runner
-from sim.cli import ArgumentParser, csv_list, positive_int
+from sim.cli import ArgumentParser, check_out_folder, csv_list, positive_int, staged_folder
 from sim.parallel import cli as deployment
 from sim.sweep.analytic import evaluate
 from sim.sweep.des import evaluate_des, write_des_outputs
@@ -158,9 +158,8 @@ def config_from_args(a) -> tuple[GridConfig, RunOptions]:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     config, options = config_from_args(a)
-    out_dir = Path(a.out) if a.out else Path("results") / f"sweep-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} exists and is not a folder")
+    out_dir = Path(a.out) if a.out is not None else Path("results") / f"sweep-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    check_out_folder("--out", a.out if a.out is not None else out_dir)   # `--out ""`, a file: refused before any work
     t0 = time.perf_counter()
     points = build_grid(config)
     options.trace_dirs()  # a wrong trace folder is a one-line error before any work
@@ -178,13 +177,27 @@ def main(argv=None) -> int:
             traced_phase, quality = None, None
         else:
             traced_phase, quality = trace_phase(config, options, executor)
+        # every output is written into a staging folder that becomes out_dir at the end: an interrupted
+        # or failed write (a plot, a table) leaves no half set of files
+        with staged_folder(out_dir, owned=("points.csv",)) as stage:
+            table = write_sweep(a, config, options, points, phases, traced_phase, quality, stage)
     except KeyboardInterrupt:
         where = f" in {options.cache_dir}" if options.cache_dir else ""
-        print(f"interrupted: finished points are saved{where}; rerun the same command to resume", file=sys.stderr)
+        print(f"interrupted: nothing written to {out_dir}; finished points are saved{where}; rerun the same "
+              "command to resume", file=sys.stderr)
         raise
     finally:
         if hasattr(executor, "close"):
             executor.close()
+    print(f"{len(table):,} points in {phases[0].result.seconds:.2f} s ({len(points) / max(phases[0].result.seconds, 1e-9):,.0f} points/s, "
+          f"{phases[0].result.n_cached:,} from cache); total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(out_dir)
+    return 0
+
+
+def write_sweep(a, config: GridConfig, options: RunOptions, points, phases, traced_phase, quality,
+                out_dir: Path) -> pd.DataFrame:
+    """The sweep's table, plots and summary into `out_dir` (the staging folder); returns the table."""
     table = phases[0].table
     if options.wants_energy:  # computed fresh (the platform files are not part of a point's cache key)
         from sim.parallel.sweep import energy_columns
@@ -211,8 +224,5 @@ def main(argv=None) -> int:
         write_outputs(table, out_dir, meta, csv=a.csv)
         if options.wants_energy and not a.no_plots:
             energy_figure(config, options, out_dir)
-    print(f"{len(table):,} points in {phases[0].result.seconds:.2f} s ({meta['points_per_s']:,.0f} points/s, "
-          f"{phases[0].result.n_cached:,} from cache); total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    print(out_dir)
-    return 0
+    return table
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvcommon.cli import progress_disabled
 from kvcommon.design import CACHE_RATIO_RANGE, RECENT_RATIO_RANGE
 from kvcommon.fields import FieldError, at_least, param, validate
 from traces import schema
@@ -48,7 +49,7 @@ class CaptureConfig:
                                        help="recent-window share of the budget for h2o/keyformer (default: the policy's own)")
     device: str = param("cpu", help="cpu or cuda (default cpu)", check=_device_problem)
     dtype: str = param("fp32", help="fp32, bf16 or fp16 (default fp32)", choices=("fp32", "bf16", "fp16"))
-    seed: int = param(0)
+    seed: int = param(0, help="random seed (samples, Keyformer's noise)", check=at_least(0))
     max_prompt_tokens: int | None = param(None, help="cut longer documents to fit", check=at_least(2))
     # None: the dataset's mode (long-text is teacher-forced)
     teacher_forced: bool | None = param(None, help="force the reference tokens instead of generating (perplexity, "
@@ -151,23 +152,28 @@ def run_capture(config: CaptureConfig) -> Path:
               file=sys.stderr)
     out = config.out
     settings = config.settings([s.id for s in samples])
-    if config.overwrite and out.exists():
-        for name in (schema.MANIFEST, schema.KV, schema.KEPT, schema.STEPS, schema.TEXTS, store.CAPTURE_CONFIG):
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / store.SHARDS, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    if store.check_resume(out, settings) and not (out / store.CAPTURE_CONFIG).exists():
+    # a finished capture, or one with other settings, is known from the folder alone: before the model loads
+    if not config.overwrite and store.check_resume(out, settings) and not (out / store.CAPTURE_CONFIG).exists():
         print(f"{out}: already complete", file=sys.stderr)
         return out
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
+    if progress_disabled(config.progress):    # transformers' own "Loading weights" bar too
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     lm = load_model(config.model, device=config.device, dtype=config.dtype)
     # Every prompt is built before the first run, so a sample that cannot fit fails now, not an hour in.
     prompts = {s.id: prompt_ids(lm, s, info, config.max_prompt_tokens) for s in samples}
     check_positions(lm, prompts, config.max_new_tokens)
     teacher_forced = config.mode() == "teacher_forced"
     forced = {s.id: forced_ids(lm, s, config.max_new_tokens) for s in samples} if teacher_forced else {}
+    # --out is created only now that the model, the device and every sample's length are known to work
+    if config.overwrite and out.exists():
+        for name in (schema.MANIFEST, schema.KV, schema.KEPT, schema.STEPS, schema.TEXTS, store.CAPTURE_CONFIG):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / store.SHARDS, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
     store.write_json(out / store.CAPTURE_CONFIG, settings)
 
     torch.manual_seed(config.seed)
@@ -179,7 +185,7 @@ def run_capture(config: CaptureConfig) -> Path:
     keys = [store.shard_key(spec.label, ratio, sample.id) for sample, spec, ratio in runs]
     done = sum(store.shard_done(out, key) for key in keys)
     bar = tqdm(total=len(runs), initial=done, desc=f"capture {lm.name}", unit="run",
-               disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
+               disable=progress_disabled(config.progress), file=sys.stderr, dynamic_ncols=True)
     size = config.batch_size
     for first in range(0, len(samples), size):
         group = samples[first:first + size]  # decoded together; shadows and the prompt record are theirs

@@ -7,7 +7,7 @@ import sys
 # OpenMP reads this when torch starts: set it before anything imports torch (docs/ARCHITECTURE.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
-from kvcommon.cli import OneLineParser
+from kvcommon.cli import OneLineParser, check_out_folder, run
 from kvcommon.fields import add_flags, from_args
 from kvcommon.variants import split_variants
 from traces.capture import CaptureConfig
@@ -40,16 +40,18 @@ def _policies(values: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = from_args(CaptureConfig, args, policies=_policies(args.policies),
-                           shared_prefill=not args.no_shared_prefill, progress=not args.no_progress)
-        from traces.capture import run_capture
+    """The capture; a user mistake is one `error:` line and exit code 2 (kvcommon.cli.run)."""
+    return run(_capture, argv)
 
+
+def _capture(argv) -> int:
+    args = build_parser().parse_args(argv)
+    check_out_folder("--out", args.out)     # an existing file, a path under one: before the model loads
+    config = from_args(CaptureConfig, args, policies=_policies(args.policies),
+                       shared_prefill=not args.no_shared_prefill, progress=not args.no_progress)
+    from traces.capture import run_capture
+    try:
         out = run_capture(config)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {args.out}; rerun the same command to resume",
               file=sys.stderr)
