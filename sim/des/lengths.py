@@ -11,7 +11,8 @@ workload exactly:
   (mu = ln m - S^2 / 2; median m exp(-S^2 / 2)); S = 1 gives ShareGPT-like heavy tails;
 - `empirical:TRACE` (a request trace: azure-code-2023, azure-conv-2023 or a CSV/JSONL file, see
   sim.des.trace_file): the trace's own prompt (or output) lengths, drawn with replacement, scaled so
-  their mean is m (a run that gives no prompt / gen takes the trace's mean: the lengths as recorded).
+  their mean is m (m = the trace's mean rounded, which a run that gives no prompt / gen takes: the
+  lengths as recorded).
 
 Draws are rounded to whole tokens and clipped to >= 1 token; they are not clipped to the model's context
 (sim.serve warns past it, as for fixed lengths). Each distribution draws from its own stream of the
@@ -101,6 +102,8 @@ class LengthDist:
             return np.full(n, mean, dtype=np.int64)
         if self.kind == "empirical":
             values = empirical_lengths(self.source, role)
+            if mean == self.mean_length(role):      # the trace's own mean (rounded): its lengths as recorded
+                return rng.choice(values, size=n).astype(np.int64)
             draws = rng.choice(values, size=n) * (mean / float(values.mean()))
             return np.maximum(np.rint(draws), 1).astype(np.int64)
         if self.kind == "uniform":
