@@ -161,8 +161,6 @@ def main(argv=None) -> int:
     if not layout.is_plain and not a.trace:
         raise ValueError("--layout/--compact-every need --trace: the block accounting replays a trace's kept "
                          "positions")
-    from sim.profiles import resolve_profile_name
-    a.profile = resolve_profile_name(a.profile, a.hw)      # `auto`: the device's default, named in the output
     override, profile = None, a.profile
     if a.trace:
         override, profile = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen,
