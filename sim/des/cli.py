@@ -20,6 +20,7 @@ from sim.des.scheduler import ADMISSION_MODES
 from sim.des.serving import ServeConfig, run_config
 from sim.des.slo import SLO, find_max_qps
 from sim.parallel import cli as deployment
+from sim.policies import variants
 
 DESCRIPTION = "Discrete-event simulation of one accelerator serving a request stream (vLLM-like continuous batching)."
 
@@ -28,8 +29,11 @@ def _parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m sim.serve", description=DESCRIPTION,
                            formatter_class=cli.DefaultsHelpFormatter)
     # the design-point flags come from kvcommon.DesignPoint's fields (one default, one check per parameter)
+    # --policy takes variants, --cache-ratio is required but for full (sim.policies.variants: one rule, every CLI)
     add_flags(p, DesignPoint, ("hw", "model", "policy", "cache_ratio", "recent_ratio"), required=("hw", "model"),
-              choices={"policy": policies.NAMES})
+              defaults={"cache_ratio": None, "recent_ratio": None},
+              help={"policy": variants.policy_help(policies.NAMES), "cache_ratio": variants.CACHE_RATIO_HELP,
+                    "recent_ratio": variants.RECENT_RATIO_HELP})
     p.add_argument("--qps", type=float, default=None, help="request rate (requests/s; default inf = all at t=0); "
                    "with --workload the rate its arrivals are time-scaled to (default: as recorded)")
     p.add_argument("--requests", type=cli.positive_int, default=None, help="number of requests (default: 100, or the whole file)")
@@ -175,6 +179,8 @@ def _main(argv=None) -> int:
     if args.arrivals in ARRIVAL_KINDS and args.request_trace is None and (args.prompt is None or args.gen is None) \
             and not _empirical(args):
         raise cli.UserError(f"--arrivals {args.arrivals} needs --requests, --prompt and --gen")
+    variant, args.recent_ratio = variants.resolve(args.policy, policies.NAMES, args.recent_ratio)
+    args.policy, args.cache_ratio = variant.label, variants.require_cache_ratio(variant, args.cache_ratio)
     cfg = serve_config(
         hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
         recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,

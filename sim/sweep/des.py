@@ -99,7 +99,7 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
             if isinstance(point.get(key), str):
                 options[key] = point[key]
         try:
-            row = {**serve.simulate(point["hw"], model, point["policy"], point["cache_ratio"], **options).to_row(),
+            row = {**serve.simulate(point["hw"], model, _policy(point), point["cache_ratio"], **options).to_row(),
                    "des_error": ""}
             slo = _point_slo(point)
             if slo is not None:
@@ -112,6 +112,13 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
 
 def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and pd.isna(value))
+
+
+def _policy(point) -> str:
+    """The policy string the DES runs: a trace point's captured variant label (its rows in the trace), else
+    the grid's policy (a label too: sim.policies.variants)."""
+    label = point.get("policy_label")
+    return label if isinstance(label, str) else point["policy"]
 
 
 _SEARCHES: dict = {}   # (ServeConfig, SLO) -> SearchResult, within one process
@@ -130,7 +137,7 @@ def _slo_columns(point, model, options, slo) -> dict:
     top, the simulations run, the P99s at the rate and what bounds it."""
     from sim.des.serving import ServeConfig
     from sim.des.slo import find_max_qps
-    cfg = ServeConfig(hw=point["hw"], model=model, policy=point["policy"], cache_ratio=point["cache_ratio"],
+    cfg = ServeConfig(hw=point["hw"], model=model, policy=_policy(point), cache_ratio=point["cache_ratio"],
                       **{k: v for k, v in options.items() if k != "qps"})
     key = (repr(cfg), slo)
     if key not in _SEARCHES:        # the search ignores qps: a qps axis asks the same question once per rate

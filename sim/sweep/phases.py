@@ -68,8 +68,6 @@ def trace_phase(config: GridConfig, options: RunOptions, executor):
     grid = traced.trace_grid(config, dirs, models=options.trace_models, prompts=options.trace_prompts,
                              gens=options.trace_gens, batches=options.trace_batches, layouts=options.layouts(),
                              cache_dir=options.cache_dir)
-    if options.engine == "des":   # the serving simulator times base policies only (no noise variants)
-        grid = grid[grid["policy_label"] == grid["policy"]].reset_index(drop=True)
     quality = pd.concat([traced.trace_quality(d, tradeoff.trace_identity(d), options.cache_dir) for d in dirs],
                         ignore_index=True)
     evaluate_fn = evaluate_des if options.engine == "des" else traced.evaluate
