@@ -13,7 +13,7 @@ from kvcommon.cli import positive_int
 
 DEPLOYMENT_KEYS = ("tp", "pp", "devices", "micro_batches", "bubble_factor", "comm_decode_s", "comm_prefill_s",
                    "kv_replication", "weight_bytes_per_device", "model_weight_bytes", "kv_bytes_per_token_per_device",
-                   "interconnect")
+                   "interconnect", "waves", "e2e_in_waves_s", "tokens_per_s_in_waves")
 
 
 def _price(text: str) -> float:
@@ -109,6 +109,10 @@ def summary_lines(pred, extras: dict | None = None) -> list[str]:
                   f"  collectives     {_time(x['comm_decode_s'])} per decode step, {_time(x['comm_prefill_s'])} "
                   f"per prefill" + (f"; pipeline of {x['micro_batches']:g} micro-batches, bubble "
                                     f"x{x['bubble_factor']:g}" if x["pp"] > 1 else "")]
+        if x.get("waves", 1) > 1:
+            lines.append(f"  in waves        {pred.inputs['batch']} requests do not fit at once on a device: "
+                         f"{x['waves']} waves of at most {pred.max_batch_all_at_once}, "
+                         f"{x['tokens_per_s_in_waves']:,.1f} tokens/s")
     if extras:
         if extras.get("energy_j_per_token") is not None:
             parts = extras["decode_energy_breakdown_j_per_token"]

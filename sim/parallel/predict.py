@@ -50,6 +50,26 @@ def micro_batches(batch, pp: int, fixed: int | None = None):
     return np.minimum(b, float(fixed)) if fixed else np.minimum(b, float(pp))
 
 
+def waves(batch: int, at_once: int) -> tuple[int, int]:
+    """(waves, requests in the last one) of a fixed batch on a deployment that holds at most `at_once` requests
+    at their peak: a batcher that re-batches its queue, or an engine that admits what fits and runs the rest
+    after (what a static benchmark of more requests than the KV memory holds measures). (1, batch) when the
+    batch fits; (0, 0) when not even one request does."""
+    if at_once <= 0:
+        return 0, 0
+    n = -(-int(batch) // int(at_once))
+    return n, int(batch) - (n - 1) * int(at_once)
+
+
+def _waves_keys(batch: int, gen: int, at_once: int, e2e) -> dict:
+    """`waves`, `e2e_in_waves_s`, `tokens_per_s_in_waves` (e2e(b): one fixed batch of b requests end to end)."""
+    n, last = waves(batch, at_once)
+    if n == 0:
+        return dict(waves=0, e2e_in_waves_s=float("nan"), tokens_per_s_in_waves=0.0)
+    total = e2e(batch) if n == 1 else (n - 1) * e2e(at_once) + e2e(last)
+    return dict(waves=n, e2e_in_waves_s=float(total), tokens_per_s_in_waves=float(batch * gen / total))
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Everything fixed for one deployment; `times(batches)` is vectorised over request batch sizes."""
@@ -144,6 +164,9 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
         r = engine.evaluate(hw, full, policy, batch=batch, **_engine_kw(kw),
                             kv_override=kv_override)
         sweep_only = {k: float(r[k][0]) for k in ("max_batch_tpot_s", "decode_memory_time_s", "decode_compute_time_s")}
+        e2e = lambda b: p.e2e_s if b == batch else float(engine.evaluate(
+            hw, full, policy, batch=b, **_engine_kw(kw), kv_override=kv_override, with_capacity=False)["e2e_s"][0])
+        sweep_only.update(_waves_keys(batch, gen, p.max_batch_all_at_once, e2e))
         extra = dict(p.extra, tp=1, pp=1, devices=1, micro_batches=1, bubble_factor=1.0, comm_decode_s=0.0,
                      comm_prefill_s=0.0, kv_replication=1.0, weight_bytes_per_device=p.extra["weight_bytes"],
                      model_weight_bytes=p.extra["weight_bytes"], **sweep_only,
@@ -174,7 +197,8 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
         per_prefill = float(capacity.prefilling(setup, max(steady, 1), prompt))
     else:
         per_prefill = float(max(steady, 1))
-    t = plan.times([batch, max(every, 1), per_prefill, max(steady, 1)])
+    n_waves, last = waves(batch, every)
+    t = plan.times([batch, max(every, 1), per_prefill, max(steady, 1), max(last, 1)])
     tokens_per_s = batch * gen / t["e2e_s"][0]
     every_tps = every * gen / t["e2e_s"][1] if every > 0 else 0.0
     steady_tps = float(capacity.saturated_tokens_per_s(steady, gen, per_prefill, t["ttft_s"][2], t["tpot_s"][3]))
@@ -198,6 +222,7 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
                  kv_bytes_per_token=float(full.kv_bytes_per_token(stage_pred.inputs["kv_dtype"])),
                  max_batch_tpot_s=float(t["tpot_s"][3]) if steady > 0 else float("nan"),
                  **plan.decode_roofline(batch),
+                 **_waves_keys(batch, gen, every, lambda b: float(t["e2e_s"][{batch: 0, every: 1}.get(b, 4)])),
                  fits=bool(cap["fits"][0]), interconnect=link.kind if link is not None else None, stage_layers=stage.n_layers,
                  exceeds_max_positions=bool(full.max_positions and prompt + gen > full.max_positions))
     inputs = dict(stage_pred.inputs, model=full.name, batch=int(batch), tp=tp, pp=pp)

@@ -44,7 +44,8 @@ def rows(csv=None) -> list[dict]:
         label = f"b{r.batch}" if r.batch is not None else f"dyn(b{batch})"
         base = dict(id=f"{r.source}/{r.hw}x{r.tp}/{r.model}/{label}/{r.prompt}+{r.gen}", source=r.source,
                     hw=r.hw, model=r.model, model_label=r.model_label, tp=r.tp, batch=batch, prompt=r.prompt,
-                    gen=r.gen, weight_dtype=r.weight_dtype, kv_dtype=r.kv_dtype, engine=r.engine, runtime=r.runtime)
+                    gen=r.gen, weight_dtype=r.weight_dtype, kv_dtype=r.kv_dtype, engine=r.engine, runtime=r.runtime,
+                    fixed_batch=r.batch is not None)
         out.append(dict(base, metric=r.metric, measured=r.value))
         if itl_ms(notes) is not None and r.metric != "tpot_ms":
             out.append(dict(base, metric="tpot_ms", measured=itl_ms(notes)))
@@ -52,11 +53,18 @@ def rows(csv=None) -> list[dict]:
 
 
 def predict_value(row: dict, profile: str) -> float:
+    """The row's metric under `profile`. A fixed batch larger than the TP group holds at its peak (the KV of
+    prompt + gen per request on every rank) runs in waves of the largest batch that fits (sim.parallel.waves):
+    its end-to-end time and throughput are the waves'; TTFT and time per token stay those of the batch."""
     profile = pg.runtime_profile(row.get("runtime", "classic"), profile)
     p = parallel.predict(row["hw"], load_model(row["model"]), row["batch"], row["prompt"], row["gen"], "full", 1.0,
                          kv_dtype=row["kv_dtype"], weight_dtype=row["weight_dtype"], profile=profile, tp=row["tp"])
-    return {"ttft_ms": p.ttft_s * 1e3, "tpot_ms": p.tpot_s * 1e3, "e2e_latency_s": p.e2e_s,
-            "out_tok_per_s": p.tokens_per_s}[row["metric"]]
+    if p.extra["waves"] == 0:
+        raise ValueError(f"not one request of {row['prompt']} + {row['gen']} tokens fits on a device of tp={row['tp']}")
+    fixed = row.get("fixed_batch", True)        # in-flight rows run at the steady-state batch, which fits
+    return {"ttft_ms": p.ttft_s * 1e3, "tpot_ms": p.tpot_s * 1e3,
+            "e2e_latency_s": p.extra["e2e_in_waves_s"] if fixed else p.e2e_s,
+            "out_tok_per_s": p.extra["tokens_per_s_in_waves"] if fixed else p.tokens_per_s}[row["metric"]]
 
 
 def report(csv=None) -> list[dict]:
