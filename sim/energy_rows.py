@@ -25,6 +25,7 @@ CSV_NAME = "gpu-energy-train.csv"
 DEFAULT_PROMPT = 256       # assumption: mean LMArena first-turn prompt of a few hundred tokens (not published)
 COLUMNS = ("source", "hw", "model", "weight_dtype", "num_gpus", "tp", "batch", "avg_output_len",
            "energy_per_output_token_J", "avg_gpu_power_W", "output_tok_per_s")
+FALLBACK_MODELS = Path(__file__).with_name("fit_energy_models")   # used only while sim/models lacks the spec
 BYTE_COLUMNS = ("weight_bytes", "kv_read_bytes", "kv_write_bytes", "act_bytes")
 
 
@@ -53,9 +54,12 @@ def _model(label: str):
     from sim.model_names import resolve_name
     from sim.models import load_model
     found = resolve_name(label)
-    if found.spec is None:
-        raise ValueError(f"model {label!r}: {found.reason}")
-    return load_model(found.spec)
+    if found.spec is not None:
+        return load_model(found.spec)
+    fallback = FALLBACK_MODELS / f"{label.split('/')[-1].lower()}.json"   # a row's model sim/models lacks
+    if fallback.is_file():
+        return load_model(str(fallback))
+    raise ValueError(f"model {label!r}: {found.reason}")
 
 
 def load_rows(path=None) -> list[EnergyRow]:
