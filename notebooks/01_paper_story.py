@@ -51,7 +51,9 @@ from sim.tradeoff import save_figure
 from sim.validation.predict import request_kv_movement_s
 
 REPO = Path(sim.__file__).resolve().parents[1]
-FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
+# Figures go to results/figures/; KVSIM_UPDATE_DOCS=1 refreshes the tracked ones the README shows (docs/figures/).
+FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR")
+               or REPO / ("docs" if os.environ.get("KVSIM_UPDATE_DOCS") == "1" else "results") / "figures")
 REFERENCES = pd.read_csv(REPO / "sim" / "references" / "keyformer_mlsys24.csv")
 
 DEVICE = load_device("a100-80g-sxm")   # the paper: A100 (80 GB assumed, see shared/docs §3.1)

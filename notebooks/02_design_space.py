@@ -43,7 +43,9 @@ from sim import engine, sweep
 from sim.tradeoff import save_figure
 
 REPO = Path(sim.__file__).resolve().parents[1]
-FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
+# Figures go to results/figures/; KVSIM_UPDATE_DOCS=1 refreshes the tracked ones the README shows (docs/figures/).
+FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR")
+               or REPO / ("docs" if os.environ.get("KVSIM_UPDATE_DOCS") == "1" else "results") / "figures")
 
 
 def find_sweep_table() -> Path | None:

@@ -48,7 +48,9 @@ from sim import sweep, traced, tradeoff
 from sim.tradeoff import save_figure
 
 REPO = Path(sim.__file__).resolve().parents[1]
-FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR", REPO / "docs" / "figures"))
+# Figures go to results/figures/; KVSIM_UPDATE_DOCS=1 refreshes the tracked ones the README shows (docs/figures/).
+FIGURES = Path(os.environ.get("KVSIM_FIGURES_DIR")
+               or REPO / ("docs" if os.environ.get("KVSIM_UPDATE_DOCS") == "1" else "results") / "figures")
 
 if os.environ.get("KVSIM_TRACE_DIRS"):
     trace_dirs = [Path(p) for p in os.environ["KVSIM_TRACE_DIRS"].split(os.pathsep) if p]

@@ -55,3 +55,27 @@ def test_notebook_executes_headless_within_a_minute(path, tmp_path, monkeypatch)
         png = figures / name
         assert png.exists(), f"{path.name} did not write {name}"
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_figures_go_to_results_unless_docs_are_asked_for(path, monkeypatch):
+    """Running a notebook leaves the checkout clean (issue 27 item 6): its FIGURES statement, evaluated as
+    written, is results/figures/ by default, docs/figures/ only with KVSIM_UPDATE_DOCS=1."""
+    import ast
+    tree = ast.parse(path.read_text())
+    statement = next(node for node in tree.body if isinstance(node, ast.Assign)
+                     and any(getattr(t, "id", None) == "FIGURES" for t in node.targets))
+    code = compile(ast.Module(body=[statement], type_ignores=[]), str(path), "exec")
+
+    def figures(**env):
+        for name in ("KVSIM_FIGURES_DIR", "KVSIM_UPDATE_DOCS"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        scope = {"os": os, "Path": Path, "REPO": REPO}
+        exec(code, scope)
+        return scope["FIGURES"]
+
+    assert figures() == REPO / "results" / "figures"
+    assert figures(KVSIM_UPDATE_DOCS="1") == REPO / "docs" / "figures"
+    assert figures(KVSIM_FIGURES_DIR="/tmp/x", KVSIM_UPDATE_DOCS="1") == Path("/tmp/x")

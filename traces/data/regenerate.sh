@@ -85,6 +85,7 @@ fi
 if [[ $what == quality || $what == all ]]; then
   # Only the capture traces (traces/data also holds timing runs of another kind).
   mapfile -t dirs < <(python -c "import traces; print('\n'.join(str(traces.bundled(n)) for n in traces.bundled()))")
-  for dir in "${dirs[@]}"; do python -m traces.quality "$dir"; done
-  python -m traces.quality "${dirs[@]}" --out $DATA/quality
+  # --refresh-bundled: these are the tracked reports (without it traces.quality writes under results/)
+  for dir in "${dirs[@]}"; do python -m traces.quality --refresh-bundled "$dir"; done
+  python -m traces.quality --refresh-bundled "${dirs[@]}" --out $DATA/quality
 fi

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kvcommon.cli import OneLineParser
+from kvcommon.cli import OneLineParser, check_out_folder, progress_disabled, run
 from kvcommon.fields import add_flags, from_args, help_of
 from traces.assets import DATA_DIR
 from traces.timing.calibration import RoundCalibration
@@ -18,8 +18,9 @@ from traces.timing.grid import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_MODEL
 from traces.timing.rounds import measure_grid
 from traces.timing_format import TimingError, TimingFolder
 
-DEFAULT_OUT = DATA_DIR / "cpu"
-DEFAULT_HF_OUT = DATA_DIR / "cpu-hf"
+# The committed grids (tracked files: written only with --update-data) and where a run goes by default.
+DATA_OUT = {"kvsim": DATA_DIR / "cpu", "hf": DATA_DIR / "cpu-hf"}
+RESULTS_OUT = {"kvsim": Path("results") / "timing" / "cpu", "hf": Path("results") / "timing" / "cpu-hf"}
 
 
 def _prefill_list(text: str) -> tuple[int, ...]:
@@ -53,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hwmodels device name or hardware YAML these points are predicted on (default for cpu: "
                         "traces/data/cpu/cpu-local-1t.yaml at 1 thread, else cpu-local)")
     add_flags(p, TimingGrid, ["seed"])
-    p.add_argument("--out", type=Path, default=None, help="output root (default: traces/data/cpu for cpu, traces/data/cpu-hf for --stack hf)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output root (default: results/timing/cpu, or results/timing/cpu-hf for --stack hf)")
+    p.add_argument("--update-data", action="store_true",
+                   help="write into the committed grid instead (traces/data/cpu or traces/data/cpu-hf: tracked files)")
     p.add_argument("--fresh", action="store_true", help="discard finished points instead of resuming")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure the grid round-robin this many times (every model and point once per round); "
@@ -144,30 +148,54 @@ def _interrupt_on_term(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The measurement; a user mistake is one `error:` line and exit code 2 (kvcommon.cli.run)."""
     # `kill` (SIGTERM) stops a background run as cleanly as Ctrl-C: finished points are already on disk.
     previous = signal.signal(signal.SIGTERM, _interrupt_on_term)
     try:
-        return _main(argv)
-    except SystemExit as exc:   # argparse: --help (0) or a bad flag (2, its one line already printed)
-        return exc.code if isinstance(exc.code, int) else 2
+        return run(_main, argv)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def output_root(args, grid: TimingGrid) -> Path:
+    """--out, the committed grid with --update-data, else results/timing/<cpu|cpu-hf>; checked, not created."""
+    if args.update_data and args.out is not None:
+        raise TimingError("--update-data writes the committed grid under traces/data/: give it or --out, not both")
+    if args.device != "cpu" and args.out is None:
+        raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
+    stack = "hf" if grid.stack == "hf" else "kvsim"
+    out = args.out if args.out is not None else (DATA_OUT if args.update_data else RESULTS_OUT)[stack]
+    return check_out_folder("--out", out)
+
+
+def check_hw(hw_device: str) -> None:
+    """--hw must load (a name or a hardware file) before any point is measured: a bogus name would be
+    written into every manifest and refused only later by sim.validate."""
+    import hwmodels     # torch-free
+    if hw_device.endswith((".yaml", ".yml")) and not Path(hw_device).is_file():
+        raise TimingError(f"--hw {hw_device}: no such hardware file")
+    try:
+        hwmodels.load_device(hw_device)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).splitlines()[0]
+        raise TimingError(f"--hw {hw_device!r}: {message}") from None
 
 
 def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         grid = grid_from_args(args)
-        if args.device != "cpu" and (args.out is None or args.hw is None):
+        if args.hw is not None and not args.hw.strip():
+            raise TimingError("--hw must not be empty (leave it out for the CPU's own hardware file)")
+        if args.device != "cpu" and args.hw is None:
             raise TimingError("--device other than cpu needs --out (e.g. traces/data/h200) and --hw (e.g. h200)")
-        out = args.out if args.out is not None else (DEFAULT_HF_OUT if grid.stack == "hf" else DEFAULT_OUT)
+        out = output_root(args, grid)
         if args.rounds < 1:
             raise TimingError(f"--rounds must be >= 1, got {args.rounds}")
         calibration = round_calibration(args, grid, Path(out))
         hw_device = str(args.calibrate) if calibration else (args.hw or default_hw(grid.threads))
-        if hw_device.endswith((".yaml", ".yml")) and calibration is None:
-            if not Path(hw_device).is_file():
-                raise TimingError(f"--hw {hw_device}: no such hardware file")
+        if calibration is None:
+            check_hw(hw_device)
         models = [resolve_config(m) for m in (args.model or DEFAULT_MODELS)]
         if args.device.startswith("cuda"):
             import torch
@@ -186,14 +214,11 @@ def _main(argv: list[str] | None) -> int:
         from tqdm import tqdm
         total = args.rounds * len(models) * (len(grid.decode_points()) + len(grid.prefill_points()))
         with tqdm(total=total, desc="timing" if args.rounds == 1 else f"timing x{args.rounds} rounds", unit="pt",
-                  file=sys.stderr, dynamic_ncols=True) as progress:
+                  file=sys.stderr, dynamic_ncols=True, disable=progress_disabled()) as progress:
             runs = measure_grid(models, grid, Path(out), hw_device, args.fresh, args.rounds, progress, priority,
                                 calibration)
             for run in runs:
                 progress.write(f"{run.name}: {run.folder.path}")
-    except (TimingError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted: finished points are saved; rerun the same command to resume", file=sys.stderr)
         return 130
