@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     add_flags(slo, SLO, ("slo_ttft_p99", "slo_tpot_p99"))
     slo.add_argument("--find-max-qps", action="store_true",
                      help="search (over log qps) the highest request rate whose P99 TTFT and P99 TPOT meet the "
-                          "--slo-* limits; --qps is then not used")
+                          "--slo-* limits at steady state (warm-up excluded, run length doubled until the answer "
+                          "is stable within 5%%); --qps is then not used and --requests sets the measured "
+                          "requests of its first runs (default 200)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", default=None, metavar="CSV",
                    help="write the per-step timeline (memory over time); its folder must exist")
@@ -160,6 +162,7 @@ def _main(argv=None) -> int:
     if not args.hw.strip():     # DesignPoint's check, which ServeConfig does not repeat
         raise cli.UserError("--hw must not be empty")
     replay_flags(args)
+    requested = args.requests     # --find-max-qps: measured requests per run at its first length
     if args.arrivals in ARRIVAL_KINDS and args.requests is None and args.request_trace is None:
         args.requests = 100
     for flag, path in (("--timeline", args.timeline), ("--per-request", args.per_request)):
@@ -194,7 +197,7 @@ def _main(argv=None) -> int:
         max_model_len=args.max_model_len, overlong=args.overlong, step_grid=args.step_grid)
     slo = _slo(args)
     if args.find_max_qps:
-        return _search(cfg, slo, args)
+        return _search(cfg, slo, args, requested)
     if slo.given:
         raise cli.UserError("--slo-ttft-p99 / --slo-tpot-p99 set the limits of --find-max-qps: add it")
     try:
@@ -239,14 +242,15 @@ def _slo(args) -> SLO:
         raise exc.for_flag(flag_of(SLO, exc.field)) from None
 
 
-def _search(cfg: ServeConfig, slo: SLO, args) -> int:
-    """--find-max-qps: the search's probes, the rate found and the full report at it."""
+def _search(cfg: ServeConfig, slo: SLO, args, requested: int | None) -> int:
+    """--find-max-qps: the search's probes, the rate found, how steady state was decided, and the full
+    report at the rate found."""
     if not slo.given:
         raise cli.UserError("--find-max-qps needs --slo-ttft-p99 and/or --slo-tpot-p99")
     if cfg.arrivals not in ARRIVAL_KINDS:
         raise cli.UserError("--find-max-qps varies the request rate: use --arrivals poisson or gamma")
     try:
-        found = find_max_qps(cfg, slo)
+        found = find_max_qps(cfg, slo, requests=requested)
     except FieldError as exc:
         raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
     if args.json:
@@ -254,12 +258,15 @@ def _search(cfg: ServeConfig, slo: SLO, args) -> int:
                "config": found.at_max.config if found.at_max is not None else cfg.to_dict()}
         print(json.dumps(_jsonable(out)))
         return 0
-    lines = [f"SLO capacity search: {slo.describe()}, {cfg.requests} requests per run", "",
-             f"{'qps':>12s}{'P99 TTFT':>12s}{'P99 TPOT':>12s}  meets"]
+    lines = [f"SLO capacity search: {slo.describe()}", found.criterion, "",
+             f"{'qps':>12s}{'requests':>10s}{'P99 TTFT':>12s}{'P99 TPOT':>12s}  meets"]
     for p in found.probes:
-        lines.append(f"{p.qps:>12.4g}{cli.duration(p.ttft_p99):>12s}{cli.duration(p.tpot_p99):>12s}  "
+        lines.append(f"{p.qps:>12.4g}{p.requests:>10d}{cli.duration(p.ttft_p99):>12s}{cli.duration(p.tpot_p99):>12s}  "
                      + ("yes" if p.ok else f"no ({p.problem})"))
-    lines += ["", f"max qps meeting the SLO: {found.max_qps:.4g} req/s ({found.runs} simulations; bound: {found.reason})"]
+    settled = (f"stable: the same bracket at {found.requests // 2} and {found.requests} measured requests"
+               if found.stable else f"not shown stable at {found.requests} measured requests")
+    lines += ["", f"max qps meeting the SLO: {found.max_qps:.4g} req/s ({found.runs} simulations; {settled}; "
+                  f"bound: {found.reason})"]
     if found.at_max is not None:
         lines += ["", format_report(found.at_max)]
     print("\n".join(lines))

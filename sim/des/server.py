@@ -10,11 +10,15 @@ Two processes share a simpy Environment:
 
 One simpy event per step, not per token: a decode step advances every running request by one token
 with a few numpy operations on the batch (see sim.des.scheduler).
+
+A `stop(scheduler, now)` predicate, asked after every step, ends the run early (the SLO search stops once
+the requests it measures are done, or once they already miss the SLO); requests then left unfinished are
+neither completed nor dropped.
 """
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import simpy
@@ -43,8 +47,11 @@ def step_seconds(timer: StepTimer, plan: StepPlan) -> float:
 
 class ServingSimulation:
     def __init__(self, scheduler: Scheduler, timer: StepTimer, *, progress: bool = False,
-                 progress_desc: str = "simulating", check_every_step: bool = False):
+                 progress_desc: str = "simulating", check_every_step: bool = False,
+                 stop: Callable[[Scheduler, float], bool] | None = None):
         self.sched = scheduler
+        self._stop = stop
+        self.stopped = False                      # ended by `stop` before every request was served
         self.timer = timer
         self.env = simpy.Environment()
         self._idle: simpy.Event | None = None
@@ -100,10 +107,14 @@ class ServingSimulation:
                 sched.check_invariants()
             if bar is not None and sched.completed + sched.dropped > bar.n:
                 bar.update(sched.completed + sched.dropped - bar.n)
+            if self._stop is not None and self._stop(sched, env.now):
+                self.stopped = True
+                return
 
     # ---- run ---------------------------------------------------------------------------------------
     def run(self) -> tuple[dict[str, np.ndarray], float]:
-        """Simulate to the last completion; return the step timeline and the host wall time."""
+        """Simulate to the last completion (or until `stop` says so); return the step timeline and the host
+        wall time."""
         start = time.perf_counter()
         bar = None
         if self._progress:
@@ -113,14 +124,13 @@ class ServingSimulation:
                        disable=progress_disabled())
         try:
             self.env.process(self._arrivals())
-            self.env.process(self._engine(bar))
-            self.env.run()
+            self.env.run(until=self.env.process(self._engine(bar)))
         finally:
             if bar is not None:
                 bar.close()
         self.sched.check_invariants()
         unfinished = self.sched.n_requests - self.sched.completed - self.sched.dropped
-        if unfinished:
+        if unfinished and not self.stopped:
             raise AssertionError(f"{unfinished} requests neither completed nor dropped")
         timeline = {k: np.asarray(v) for k, v in self._timeline.items()}
         timeline["kv_blocks"] = timeline["kv_blocks"].astype(np.int64)

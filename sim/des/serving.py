@@ -182,8 +182,9 @@ class ServeConfig:
 CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 
 
-def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
-    """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure."""
+def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None) -> ServeResult:
+    """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure.
+    `stop(scheduler, now)`: ends the run early when true (sim.des.server)."""
     profile = cfg.profile
     workload = cfg.workload()
     if cfg.trace is not None:
@@ -225,7 +226,7 @@ def run_config(cfg: ServeConfig, *, progress: bool = False) -> ServeResult:
              else AnalyticTimer(setup.hw, setup.model, **timer_kw))
     if cfg.step_grid is not None:
         timer = GridDecodeTimer(timer, cfg.step_grid)
-    sim = ServingSimulation(sched, timer, progress=progress,
+    sim = ServingSimulation(sched, timer, progress=progress, stop=stop,
                             progress_desc=f"serve {setup.model.name} {cfg.policy} on {setup.hw.name}")
     timeline, wall = sim.run()
     config = {**cfg.to_dict(), "workload": workload.source, "requests": len(workload),

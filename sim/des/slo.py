@@ -1,31 +1,53 @@
-"""The highest request rate that meets a latency SLO (Vidur's capacity question, answered per policy and
-cache ratio): a bracketing search over log qps of sim.serve runs.
+"""The highest request rate that meets a latency SLO at steady state (Vidur's capacity question, answered
+per policy and cache ratio): a bracketing search over log qps of sim.serve runs, each measuring steady state.
 
-A rate *meets* the SLO when every request completes (none dropped) and the run's P99 TTFT and P99 TPOT are
-at most the limits given (either limit may be left out). The search:
+A rate *meets* the SLO when none of the measured requests is dropped and their P99 TTFT and P99 TPOT are at
+most the limits given (either limit may be left out).
 
-1. runs every request at once (qps = inf): if that meets the SLO the capacity is unbounded (`inf`); its
-   request throughput (the saturated rate) is the first guess;
-2. brackets: from the guess, doubles the rate until one fails or halves it until one meets (a run with no
-   rate down to guess / 2**MAX_HALVINGS meeting the SLO reports 0 and why, e.g. one request alone already
-   takes longer than the TTFT limit);
-3. bisects the bracket geometrically until high / low <= 1 + rel_tol.
+Steady state, not a short run's start: a run that starts empty and serves its first 64 requests never
+fills, so a short run overstates the sustainable rate 2-3x (issue 27: Llama-2-7B 4096+256 on H200, 7.96
+req/s with 64 requests, 3.35 with 3,000). Each run at rate q therefore
+- warms up: the requests arriving in the first WARMUP_LIVES service lives (`life_s`, the median time a
+  request spends admitted when every request arrives at once: the longest a request is served) are served
+  but not measured;
+- measures the next N requests, while arrivals continue for TAIL_LIVES lives after them so that the last
+  measured ones still decode in a loaded batch; the run stops once every measured request is done, or as
+  soon as enough of them already miss a limit that their P99 must miss it too (early stop);
+- the answer is *stable* when the bracket found with N measured requests, [low, high] with high / low <=
+  1 + rel_tol, still holds with 2N (low meets, high misses); otherwise the search re-brackets at 2N and
+  checks at 4N, up to MAX_REQUESTS. Doubling runs only at the bracket's two rates.
+The result says which length settled it (`requests`), the warm-up, and whether it is stable.
 
-The arrival times of one seed scale exactly with 1 / qps (the Poisson gaps are one set of exponential
-draws divided by the rate), so the latencies grow (nearly) monotonically with the rate and the search is
-deterministic. A finite run of N requests measures the first N requests' latencies: above the sustainable
-rate the queue, and so the P99 TTFT, grows with N, so more requests give a sharper (lower) capacity.
+The search: (1) every request at once (qps = inf) gives the saturated rate as the first guess and the
+service life (if that burst meets the SLO at N and 2N requests the capacity is unbounded, `inf`); (2) from
+the guess, doubles or halves the rate until one meets and one misses (0 with its reason when no rate down
+to guess / 2**MAX_HALVINGS meets it); (3) bisects geometrically to rel_tol; (4) checks by doubling.
+The arrival times of one seed scale exactly with 1 / qps (the Poisson gaps are one set of exponential draws
+divided by the rate), so the latencies grow (nearly) monotonically with the rate and the search is
+deterministic.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from kvcommon.fields import above, param, validate
 from sim.des.arrivals import ARRIVAL_KINDS
+from sim.des.scheduler import DONE, DROPPED
 
 MAX_HALVINGS = 12
 DEFAULT_REL_TOL = 0.05
+START_REQUESTS = 200          # measured requests per run at the first length
+MAX_REQUESTS = 3200           # the longest length doubling goes to
+# decode steps timed on sim.des.step_grid's interpolation grid (relative error < 1e-4, far inside the
+# search's tolerance; about twice as fast) unless the configuration chose its own
+SEARCH_STEP_GRID = 64
+WARMUP_LIVES = 2.0            # warm-up: arrivals in this many service lives are not measured
+TAIL_LIVES = 1.5              # arrivals continue this many lives after the last measured one
+CHECK_EVERY = 16              # steps between two early-stop checks
+P99 = 0.99
 
 
 @dataclass(frozen=True)
@@ -44,13 +66,16 @@ class SLO:
         return self.slo_ttft_p99 is not None or self.slo_tpot_p99 is not None
 
     def problem(self, res) -> str | None:
-        """Why the run `res` (a ServeResult) misses the SLO, or None when it meets it."""
+        """Why the run `res` (a ServeResult, all its requests) misses the SLO, or None when it meets it."""
         if res.dropped:
             return f"{res.dropped} requests dropped"
-        for limit, stats, name in ((self.slo_ttft_p99, res.ttft_s, "TTFT"), (self.slo_tpot_p99, res.tpot_s, "TPOT")):
-            value = stats["p99"]
-            if limit is not None and not (value <= limit):    # NaN (nothing completed) fails too
-                return f"P99 {name} {value:.4g} s > {limit:g} s"
+        return self.miss(res.ttft_s["p99"], res.tpot_s["p99"])
+
+    def miss(self, ttft_p99, tpot_p99) -> str | None:
+        """Why these P99s miss the SLO, or None when they meet it (NaN: nothing completed, a miss)."""
+        for limit, value, name in ((self.slo_ttft_p99, ttft_p99, "TTFT"), (self.slo_tpot_p99, tpot_p99, "TPOT")):
+            if limit is not None and not (value is not None and value <= limit):
+                return f"P99 {name} {value:.4g} s > {limit:g} s" if value is not None else f"no P99 {name}"
         return None
 
     def describe(self) -> str:
@@ -65,6 +90,7 @@ class Probe:
     ttft_p99: float
     tpot_p99: float
     problem: str | None
+    requests: int = 0                  # requests measured (after the warm-up)
 
     @property
     def ok(self) -> bool:
@@ -79,18 +105,76 @@ class SearchResult:
     at_max: object | None              # ServeResult at max_qps (None when no rate met the SLO)
     reason: str                        # what bounds the search (the miss at fail_qps, or why none met)
     probes: list = field(default_factory=list)
+    requests: int = 0                  # requests measured per run at the length that settled the answer
+    warmup_s: float = 0.0              # arrivals in the first warmup_s seconds of a run are not measured
+    stable: bool = False               # the bracket held at `requests` and at half of it
+    criterion: str = ""                # how the search decided, in words
 
     def to_dict(self) -> dict:
         out = {"max_qps": self.max_qps, "fail_qps": self.fail_qps, "runs": self.runs, "reason": self.reason,
+               "steady_state": {"requests": self.requests, "warmup_s": self.warmup_s, "stable": self.stable,
+                                "criterion": self.criterion},
                "probes": [vars(p) for p in self.probes]}
         if self.at_max is not None:
-            out.update(ttft_s_p99=self.at_max.ttft_s["p99"], tpot_s_p99=self.at_max.tpot_s["p99"],
+            at = next(p for p in reversed(self.probes) if p.qps == self.max_qps and p.ok)
+            out.update(ttft_s_p99=at.ttft_p99, tpot_s_p99=at.tpot_p99,
                        tokens_per_s=self.at_max.tokens_per_s, requests_per_s=self.at_max.requests_per_s)
         return out
 
 
-def find_max_qps(cfg, slo: SLO, *, rel_tol: float = DEFAULT_REL_TOL, max_runs: int = 40) -> SearchResult:
-    """The highest Poisson (or gamma) rate of `cfg` (a ServeConfig; its qps is ignored) meeting `slo`."""
+class _Measured:
+    """The requests one run measures (ids first..first + n - 1) and its early stop: every one of them done,
+    or so many already over a limit that their P99 is over it whatever the others do."""
+
+    def __init__(self, first: int, n: int, slo: SLO):
+        self.ids = np.arange(first, first + n)
+        self.slo = slo
+        # P99 (linear interpolation, as numpy) of n values exceeds a limit once n - floor(0.99 (n - 1)) do
+        self.enough = n - math.floor(P99 * (n - 1))
+        self.steps = 0
+        self.why: str | None = None
+
+    def __call__(self, sched, now: float) -> bool:
+        self.steps += 1
+        status = sched.status[self.ids]
+        if self.steps % CHECK_EVERY and not np.all((status == DONE) | (status == DROPPED)):
+            return False
+        if np.any(status == DROPPED):
+            self.why = f"{int((status == DROPPED).sum())} measured requests dropped"
+            return True
+        if np.all(status == DONE):
+            return True
+        arrival, first = sched.arrival[self.ids], sched.first_token[self.ids]
+        arrived = arrival <= now
+        ttft = np.where(np.isnan(first), np.where(arrived, now - arrival, 0.0), first - arrival)
+        # TPOT so far is a lower bound of the final one: (now or finish - first token) / (tokens - 1)
+        end = np.where(status == DONE, sched.finish[self.ids], now)
+        out = np.maximum(sched.output[self.ids] - 1, 1)
+        tpot = np.where(np.isnan(first) | (sched.output[self.ids] < 2), 0.0, (end - first) / out)
+        for limit, values, name in ((self.slo.slo_ttft_p99, ttft, "TTFT"), (self.slo.slo_tpot_p99, tpot, "TPOT")):
+            over = int((values > limit).sum()) if limit is not None else 0
+            if over >= self.enough:
+                self.why = (f"stopped early: {over} of {len(self.ids)} measured requests already over the "
+                            f"{name} limit, so their P99 > {limit:g} s")
+                return True
+        return False
+
+    def probe(self, qps: float, res) -> Probe:
+        frame = res.requests.iloc[self.ids]
+        done = frame[frame.completed]
+        p99 = lambda col: float(np.percentile(done[col].dropna(), 99)) if done[col].notna().any() else math.nan
+        ttft, tpot = p99("ttft_s"), p99("tpot_s")
+        problem = self.why
+        if problem is None and len(done) < len(frame):
+            problem = f"{len(frame) - len(done)} measured requests not completed"
+        return Probe(qps, ttft, tpot, problem or self.slo.miss(ttft, tpot), len(self.ids))
+
+
+def find_max_qps(cfg, slo: SLO, *, rel_tol: float = DEFAULT_REL_TOL, requests: int | None = None,
+                 max_requests: int = MAX_REQUESTS, max_runs: int = 40) -> SearchResult:
+    """The highest Poisson (or gamma) rate of `cfg` (a ServeConfig; its qps and requests are not used) that
+    meets `slo` at steady state; `requests`: measured requests per run at the first length (default
+    START_REQUESTS), doubled until the answer is stable to rel_tol or max_requests is reached."""
     from sim.des.serving import run_config
     if not slo.given:
         raise ValueError("the search needs an SLO: slo_ttft_p99 and/or slo_tpot_p99")
@@ -98,52 +182,98 @@ def find_max_qps(cfg, slo: SLO, *, rel_tol: float = DEFAULT_REL_TOL, max_runs: i
         raise ValueError("the search varies the request rate: arrivals must be poisson or gamma, not a replay file")
     if not (rel_tol > 0):
         raise ValueError(f"rel_tol must be > 0, got {rel_tol}")
+    n = int(requests or START_REQUESTS)
+    if n < 1:
+        raise ValueError(f"requests must be >= 1, got {n}")
+    max_requests = max(max_requests, 2 * n)
+    if getattr(cfg, "step_grid", None) is None:
+        cfg = replace(cfg, step_grid=SEARCH_STEP_GRID)
     probes, results = [], {}
 
-    def run(qps: float) -> Probe:
-        res = run_config(replace(cfg, qps=qps))
-        probe = Probe(qps, float(res.ttft_s["p99"]), float(res.tpot_s["p99"]), slo.problem(res))
+    def burst(count: int) -> Probe:
+        res = run_config(replace(cfg, qps=math.inf, requests=count))
+        probe = Probe(math.inf, float(res.ttft_s["p99"]), float(res.tpot_s["p99"]), slo.problem(res), count)
         probes.append(probe)
-        results[qps] = res
+        results[(math.inf, count)] = res
         return probe
 
-    def done(max_qps, fail_qps, reason):
-        return SearchResult(max_qps, fail_qps, len(probes), results.get(max_qps), reason, probes)
+    first = burst(n)
+    res = results[(math.inf, n)]
+    req = res.requests[res.requests.completed]
+    life = float(np.median(req.finish_s - req.first_scheduled_s)) if len(req) else math.nan
+    warmup_s = WARMUP_LIVES * life if math.isfinite(life) else 0.0
+    criterion = (f"steady state: each run serves the arrivals of its first {warmup_s:.3g} s ({WARMUP_LIVES:g} "
+                 f"service lives of {life:.3g} s) unmeasured, measures the next N requests with arrivals going on "
+                 f"{TAIL_LIVES:g} lives past them, and stops once they are done or their P99 already misses; "
+                 f"stable when the bracket (within {rel_tol:.0%}) holds at N and 2N")
 
-    burst = run(math.inf)
-    if burst.ok:
-        return done(math.inf, None, "every request at once meets the SLO")
-    guess = results[math.inf].requests_per_s
+    def run(qps: float, count: int) -> Probe:
+        if (qps, count) in results:
+            return next(p for p in probes if p.qps == qps and p.requests == count)
+        warm = int(math.ceil(qps * warmup_s))
+        tail = int(math.ceil(qps * TAIL_LIVES * life)) + 1 if math.isfinite(life) else count
+        measured = _Measured(warm, count, slo)
+        res = run_config(replace(cfg, qps=qps, requests=warm + count + tail), stop=measured)
+        probe = measured.probe(qps, res)
+        probes.append(probe)
+        results[(qps, count)] = res
+        return probe
+
+    def done(max_qps, fail_qps, reason, count, stable):
+        at = results.get((max_qps, count))
+        return SearchResult(max_qps, fail_qps, len(probes), at, reason, probes, count, warmup_s, stable, criterion)
+
+    if first.ok:
+        if 2 * n <= max_requests and burst(2 * n).ok:
+            return done(math.inf, None, f"every request at once meets the SLO ({n} and {2 * n} requests)",
+                        2 * n, True)
+        if 2 * n > max_requests:
+            return done(math.inf, None, f"every request at once meets the SLO ({n} requests)", n, False)
+    guess = res.requests_per_s
     if not (guess > 0 and math.isfinite(guess)):
-        return done(0.0, math.inf, f"at qps inf: {burst.problem}; no request completed")
-    low = high = None
-    probe = run(guess)
-    if probe.ok:
-        low = guess
-        while high is None and len(probes) < max_runs:
-            q = low * 2
-            if run(q).ok:
-                low = q
+        return done(0.0, math.inf, f"at qps inf: {first.problem}; no request completed", n, False)
+
+    def bracket(low, high, count, factor):
+        """Expand from the known side by `factor` until one rate meets and one misses at `count`."""
+        while (low is None or high is None) and len(probes) < max_runs:
+            if low is None:
+                q = high / factor
+                if q < guess / 2 ** MAX_HALVINGS:
+                    return None, high
+                low, high = (q, high) if run(q, count).ok else (None, q)
             else:
-                high = q
-        if high is None:
-            high = math.inf
-    else:
-        high = guess
-        for _ in range(MAX_HALVINGS):
-            q = high / 2
-            if run(q).ok:
-                low = q
-                break
-            high = q
+                q = low * factor
+                low, high = (q, None) if run(q, count).ok else (low, q)
+        return low, high
+
+    def bisect(low, high, count):
+        while high / low > 1 + rel_tol and len(probes) < max_runs:
+            mid = math.sqrt(low * high)
+            low, high = (mid, high) if run(mid, count).ok else (low, mid)
+        return low, high
+
+    low, high = (guess, None) if run(guess, n).ok else (None, guess)
+    low, high = bracket(low, high, n, 2.0)
+    stable = False
+    while True:
         if low is None:
             last = probes[-1]
-            return done(0.0, last.qps, f"no rate down to {last.qps:.4g} req/s meets it: {last.problem}")
-    while math.isfinite(high) and high / low > 1 + rel_tol and len(probes) < max_runs:
-        mid = math.sqrt(low * high)
-        if run(mid).ok:
-            low = mid
-        else:
-            high = mid
-    miss = next((p.problem for p in probes if p.qps == high), None)
-    return done(low, high, f"at {high:.4g} req/s: {miss}" if miss else "run limit reached")
+            return done(0.0, last.qps, f"no rate down to {last.qps:.4g} req/s meets it: {last.problem}", n, False)
+        if high is None:
+            return done(low, math.inf, "run limit reached", n, False)
+        low, high = bisect(low, high, n)
+        if 2 * n > max_requests or len(probes) >= max_runs:
+            break
+        n *= 2
+        meets, misses = run(low, n).ok, not run(high, n).ok
+        if meets and misses:
+            stable = True
+            break
+        # the bracket moved with the longer runs: re-bracket there from the rate that changed side
+        low, high = (None, low) if not meets else (high, None)
+        low, high = bracket(low, high, n, 1 + 4 * rel_tol)
+    miss = next((p.problem for p in probes if p.qps == high and p.requests == n), None)
+    reason = f"at {high:.4g} req/s: {miss}" if miss else "run limit reached"
+    if not stable:
+        reason += f"; not shown stable: the bracket was not rechecked at {2 * n} requests (limit {max_requests})"
+    return done(low, high, reason, n, stable)
