@@ -1,0 +1,160 @@
+"""Goodput under a latency SLO on the Azure conversation trace: per deployment, policy and cache ratio, the
+highest rate the trace can be time-scaled to (sim.des.slo's search over a replay) with P99 TTFT and P99
+TPOT within the limits, and the KV memory over time of full attention against an evicting policy.
+
+    python benchmarks/workload_goodput.py                          # docs/figures/workloads_goodput.{csv,png}
+    python benchmarks/workload_goodput.py --window 0:300 --out /tmp/g   # a quick look
+
+The table docs/workloads.md shows is this script's CSV (it prints it as markdown too); the figure has the
+rates (left) and the KV memory over time at one common rate (right). Engine profile: trtllm (its fitted
+terms from sim/engine_profiles/, whatever is committed when it runs). The trace is read from
+../shared/data (or $KVSIM_DATA). Decode steps run on sim.des.step_grid (64 points per octave).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+
+from kvcommon.cli import OneLineParser, atomic_write_text, run  # noqa: E402
+from sim.des.serving import ServeConfig, run_config  # noqa: E402
+from sim.des.slo import SLO, find_max_qps  # noqa: E402
+
+DEPLOYMENTS = [("Llama-3.1-8B, H100", "h100-sxm", "llama-3.1-8b", 1),
+               ("Llama-3.1-8B, H200", "h200-sxm", "llama-3.1-8b", 1),
+               ("Llama-3.1-70B, 4x H100 (TP4)", "h100-sxm", "llama-3.1-70b", 4)]
+POLICIES = [("full", 1.0), ("h2o", 0.5), ("h2o", 0.2), ("keyformer", 0.5), ("keyformer", 0.2)]
+KV_PAIR = (("full", 1.0), ("h2o", 0.2))      # the KV-over-time panel: full against an evicting policy
+
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(prog="python benchmarks/workload_goodput.py", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default="azure-conv-2023")
+    p.add_argument("--window", default="0:300", help="the part of the trace replayed (seconds); 'all' for the hour")
+    p.add_argument("--profile", default="trtllm")
+    p.add_argument("--slo-ttft-p99", type=float, default=1.0)
+    p.add_argument("--slo-tpot-p99", type=float, default=0.05)
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "figures")
+    return p
+
+
+def goodput_rows(a, slo: SLO) -> tuple[list[dict], dict]:
+    rows, configs = [], {}
+    window = None if a.window == "all" else a.window
+    for label, hw, model, tp in DEPLOYMENTS:
+        for policy, ratio in POLICIES:
+            cfg = ServeConfig(hw=hw, model=model, policy=policy, cache_ratio=ratio, profile=a.profile, tp=tp,
+                              request_trace=a.trace, window=window, qps=None, requests=None, step_grid=64)
+            t0 = time.perf_counter()
+            found = find_max_qps(cfg, slo)
+            at = found.at_max
+            row = {"deployment": label, "hw": hw, "model": model, "tp": tp, "policy": policy, "cache_ratio": ratio,
+                   "max_qps": found.max_qps, "time_scale": at.config["replay"]["time_scale"] if at else None,
+                   "tokens_per_s": at.tokens_per_s if at else 0.0,
+                   "ttft_p99_s": at.ttft_s["p99"] if at else None, "tpot_p99_s": at.tpot_s["p99"] if at else None,
+                   "kv_peak_gb": at.peak_kv_bytes / 1e9 if at else None,
+                   "kv_capacity_gb": at.kv_capacity_bytes / 1e9 if at else None,
+                   "preemptions": at.preemptions if at else None, "bound": found.reason, "runs": found.runs,
+                   "search_s": round(time.perf_counter() - t0, 1)}
+            rows.append(row)
+            configs[(label, policy, ratio)] = cfg
+            print(f"{label:30s} {policy:9s} {ratio:4.2f}: max qps {found.max_qps:.3g} ({found.runs} runs, "
+                  f"{row['search_s']} s) {found.reason}", file=sys.stderr)
+    return rows, configs
+
+
+def kv_timelines(rows, configs) -> pd.DataFrame:
+    """KV bytes over time on the first deployment, full and the evicting policy, at full's highest rate."""
+    label = DEPLOYMENTS[0][0]
+    full = next(r for r in rows if r["deployment"] == label and r["policy"] == "full")
+    qps = full["max_qps"] if 0 < full["max_qps"] < float("inf") else None
+    frames = []
+    for policy, ratio in KV_PAIR:
+        res = run_config(replace(configs[(label, policy, ratio)], qps=qps))
+        t = res.timeline
+        frames.append(pd.DataFrame({"policy": f"{policy} {ratio:g}", "t_s": t["t_s"], "kv_gb": t["kv_bytes"] / 1e9,
+                                    "capacity_gb": res.kv_capacity_bytes / 1e9, "qps": qps}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def plot(table: pd.DataFrame, kv: pd.DataFrame, path: Path, slo: SLO, trace: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from kvcommon.styles import style as policy_style
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    deployments = list(dict.fromkeys(table["deployment"]))
+    width = 0.8 / len(POLICIES)
+    for j, (policy, ratio) in enumerate(POLICIES):
+        sub = table[(table["policy"] == policy) & (table["cache_ratio"] == ratio)].set_index("deployment")
+        values = [float(sub.loc[d, "max_qps"]) for d in deployments]
+        left.bar([i + (j - (len(POLICIES) - 1) / 2) * width for i in range(len(deployments))], values, width,
+                 color=policy_style(policy).color, alpha=1.0 if ratio >= 0.5 else 0.55, edgecolor="black", linewidth=0.4,
+                 label=f"{policy}" + ("" if policy == "full" else f" {ratio:g}"))
+    left.set_xticks(range(len(deployments)), deployments, fontsize=8)
+    left.set_ylabel("highest request rate meeting the SLO (req/s)")
+    left.set_title(f"{trace}: {slo.describe()}", fontsize=9)
+    left.legend(fontsize=8, ncol=2)
+    for name, sub in kv.groupby("policy", sort=False):
+        right.step(sub["t_s"] / 60, sub["kv_gb"], where="post", label=name, linewidth=0.8,
+                   color=policy_style(name.split()[0]).color)
+    right.axhline(kv["capacity_gb"].iloc[0], color="grey", linestyle="--", linewidth=0.8, label="KV capacity")
+    qps = kv["qps"].iloc[0]
+    right.set_title(f"{deployments[0]}: KV memory over time at {qps:.3g} req/s" if qps else
+                    f"{deployments[0]}: KV memory over time, as recorded", fontsize=9)
+    right.set_xlabel("simulated time (min)")
+    right.set_ylabel("KV cache in use (GB)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=130)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    lines = ["| deployment | policy | cache ratio | max qps | vs full | output tok/s | P99 TTFT (s) | P99 TPOT (ms) | "
+             "KV peak / capacity (GB) | bound |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        full = table[(table.deployment == row.deployment) & (table.policy == "full")]["max_qps"].iloc[0]
+        ratio = row.max_qps / full if full and 0 < full < float("inf") else float("nan")
+        kv = f"{row.kv_peak_gb:.1f} / {row.kv_capacity_gb:.1f}" if pd.notna(row.kv_peak_gb) else "n/a"
+        tpot = f"{1e3 * row.tpot_p99_s:.1f}" if pd.notna(row.tpot_p99_s) else "n/a"
+        ttft = f"{row.ttft_p99_s:.3f}" if pd.notna(row.ttft_p99_s) else "n/a"
+        lines.append(f"| {row.deployment} | {row.policy} | {row.cache_ratio:g} | {row.max_qps:.3g} | {ratio:.2f} | "
+                     f"{row.tokens_per_s:,.0f} | {ttft} | {tpot} | {kv} | {row.bound} |")
+    return "\n".join(lines)
+
+
+def _main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    slo = SLO(slo_ttft_p99=a.slo_ttft_p99, slo_tpot_p99=a.slo_tpot_p99)
+    before = os.getloadavg()
+    t0 = time.perf_counter()
+    rows, configs = goodput_rows(a, slo)
+    table = pd.DataFrame(rows)
+    kv = kv_timelines(rows, configs)
+    stem = a.out / "workloads_goodput"
+    a.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(stem.with_suffix(".csv"), table.to_csv(index=False))
+    plot(table, kv, stem.with_suffix(".png"), slo, a.trace)
+    md = markdown(table)
+    print(md)
+    print(json.dumps({"seconds": round(time.perf_counter() - t0, 1), "load_average_before": before,
+                      "load_average_after": os.getloadavg(), "window": a.window, "profile": a.profile}),
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(_main))
