@@ -56,7 +56,7 @@ def workload_lines(table: pd.DataFrame, at: str) -> list[str]:
     attribution = resolve(name)[2]
     return [f"{len(table):,} design points; each is one `sim.serve` replay of the request trace {name}{part} "
             f"(its arrival times and lengths), time-scaled to {at}, with at most `batch` in flight; requests "
-            f"past the model's context: {table['overlong'].iloc[0]} (column dropped).", "",
+            f"past the model's context: {table['overlong'].iloc[0]}, counted in the column overlong_requests.", "",
             *([f"Trace: {attribution}.", ""] if attribution else [])]
 
 
@@ -99,8 +99,10 @@ def evaluate_des(points: pd.DataFrame) -> pd.DataFrame:
             if isinstance(point.get(key), str):
                 options[key] = point[key]
         try:
-            row = {**serve.simulate(point["hw"], model, _policy(point), point["cache_ratio"], **options).to_row(),
-                   "des_error": ""}
+            res = serve.simulate(point["hw"], model, _policy(point), point["cache_ratio"], **options)
+            row = {**res.to_row(), "des_error": ""}
+            if "replay" in res.config:     # never silently: the requests the context cut
+                row["overlong_requests"] = res.config["replay"]["overlong_requests"]
             slo = _point_slo(point)
             if slo is not None:
                 row.update(_slo_columns(point, model, options, slo))

@@ -176,6 +176,7 @@ def test_sweep_replays_the_trace_at_each_rate(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "sw" / "points.csv")
     assert len(table) == 4 and set(table["qps"]) == {1.0, 4.0}
     assert (table["completed"] == 6).all() and (table["workload"] == str(trace)).all()
+    assert (table["overlong_requests"] == 0).all()
     assert table["prompt"].iloc[0] == round(np.mean([374, 396, 879, 91, 1200, 300]))   # the trace's mean request
     summary = (tmp_path / "sw" / "summary.md").read_text()
     assert "replay of the request trace" in summary and "Splitwise" in summary
