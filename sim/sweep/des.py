@@ -72,8 +72,10 @@ def slo_markdown(table: pd.DataFrame) -> list[str]:
                        if full.get((row.hw, row.model), 0) > 0 else float("nan") for row in view.itertuples()]
     return ["## Highest request rate meeting the SLO", "",
             f"{' and '.join(limits)}: the highest Poisson rate (req/s) found by sim.des.slo's search over log qps "
-            "(within 5%; `inf`: every request at once meets it; 0: no rate does), its ratio to full attention's "
-            "on the same device and model, and the simulations one search ran (columns max_qps_slo, slo_bound).", "",
+            "at steady state (warm-up excluded; within 5%, the bracket checked with twice the measured requests, "
+            "columns slo_requests and slo_stable; `inf`: every request at once meets it; 0: no rate does), its "
+            "ratio to full attention's on the same device and model, and the simulations one search ran "
+            "(columns max_qps_slo, slo_bound).", "",
             _md_table(view.round(3)), ""]
 
 
@@ -124,7 +126,8 @@ def _policy(point) -> str:
 
 
 _SEARCHES: dict = {}   # (ServeConfig, SLO) -> SearchResult, within one process
-SLO_COLUMNS = ["max_qps_slo", "slo_fail_qps", "slo_runs", "slo_ttft_s_p99", "slo_tpot_s_p99", "slo_bound"]
+SLO_COLUMNS = ["max_qps_slo", "slo_fail_qps", "slo_runs", "slo_ttft_s_p99", "slo_tpot_s_p99", "slo_requests",
+               "slo_stable", "slo_bound"]
 
 
 def _point_slo(point):
@@ -135,8 +138,9 @@ def _point_slo(point):
 
 
 def _slo_columns(point, model, options, slo) -> dict:
-    """The point's SLO capacity (sim.des.slo.find_max_qps; its qps does not enter): the rate, the bracket's
-    top, the simulations run, the P99s at the rate and what bounds it."""
+    """The point's SLO capacity at steady state (sim.des.slo.find_max_qps; its qps and requests do not enter:
+    the search picks its own run lengths): the rate, the bracket's top, the simulations run, the measured
+    P99s at the rate, the measured requests that settled it, whether it is stable and what bounds it."""
     from sim.des.serving import ServeConfig
     from sim.des.slo import find_max_qps
     cfg = ServeConfig(hw=point["hw"], model=model, policy=_policy(point), cache_ratio=point["cache_ratio"],
@@ -147,7 +151,8 @@ def _slo_columns(point, model, options, slo) -> dict:
             _SEARCHES.clear()
         _SEARCHES[key] = find_max_qps(cfg, slo)
     found = _SEARCHES[key]
-    at = found.at_max
+    measured = found.to_dict()
     return {"max_qps_slo": found.max_qps, "slo_fail_qps": found.fail_qps if found.fail_qps is not None else float("nan"),
-            "slo_runs": found.runs, "slo_ttft_s_p99": at.ttft_s["p99"] if at is not None else float("nan"),
-            "slo_tpot_s_p99": at.tpot_s["p99"] if at is not None else float("nan"), "slo_bound": found.reason}
+            "slo_runs": found.runs, "slo_ttft_s_p99": measured.get("ttft_s_p99", float("nan")),
+            "slo_tpot_s_p99": measured.get("tpot_s_p99", float("nan")), "slo_requests": found.requests,
+            "slo_stable": found.stable, "slo_bound": found.reason}

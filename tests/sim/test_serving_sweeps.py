@@ -19,9 +19,6 @@ from sim.des.slo import SLO, find_max_qps
 from sim.serve import main as serve_main
 from tests.helpers import assert_one_line_error
 
-# the memory-bound point of the issue: full attention's KV fills an H200 at ~57 requests of 4096 + 256
-MEMORY_BOUND = dict(hw="h200-sxm", model="llama-2-7b", prompt=4096, gen=256, requests=64)
-LIMITS = SLO(slo_ttft_p99=2.0, slo_tpot_p99=0.05)
 
 
 # --- length distributions -----------------------------------------------------------------------------------
@@ -108,53 +105,77 @@ def test_replay_files_give_their_own_lengths_and_rates(tmp_path, capsys):
 
 # --- the SLO capacity search --------------------------------------------------------------------------------
 
+# a small memory-bound point whose search settles in seconds: Llama-2-7B on an L4 holds ~9 requests of 2048 + 16;
+# nearly regular arrivals (gamma, cv 0.1) leave no queue below the saturated rate, so the P99 TTFT has a sharp
+# edge there. (Poisson arrivals near saturation converge slowly: docs/metrics.md "SLO capacity search".)
+SMALL = dict(hw="l4", model="llama-2-7b", prompt=2048, gen=16, arrivals="gamma", cv=0.1)
+SMALL_SLO = SLO(slo_ttft_p99=2.0)
+
+
 @pytest.fixture(scope="module")
-def searches():
-    out = {}
-    for policy, ratio in (("full", 1.0), ("keyformer", 0.2), ("h2o", 0.2)):
-        cfg = ServeConfig(policy=policy, cache_ratio=ratio, **MEMORY_BOUND)
-        out[policy] = (cfg, find_max_qps(cfg, LIMITS))
-    return out
+def small_search():
+    cfg = ServeConfig(**SMALL)
+    return cfg, find_max_qps(cfg, SMALL_SLO, requests=100)
 
 
-def test_the_rate_found_meets_the_slo_and_a_quarter_more_does_not(searches):
-    for policy, (cfg, found) in searches.items():
-        assert 0 < found.max_qps < math.inf, policy
-        assert found.runs == len(found.probes) and found.runs <= 20
-        at = run_config(replace(cfg, qps=found.max_qps))
-        assert LIMITS.problem(at) is None
-        assert at.ttft_s["p99"] == found.at_max.ttft_s["p99"]
-        assert found.fail_qps <= 1.25 * found.max_qps
-        above = run_config(replace(cfg, qps=1.25 * found.max_qps))
-        assert LIMITS.problem(above) is not None, policy
+def test_the_rate_found_is_stable_when_the_run_length_doubles(small_search):
+    """The bracket [max_qps, fail_qps] (within 5%) holds with N measured requests and with N / 2."""
+    cfg, found = small_search
+    assert 0 < found.max_qps < math.inf and found.stable and found.runs == len(found.probes) <= 40
+    assert found.fail_qps <= 1.05 * found.max_qps * (1 + 1e-9)
+    at = {(p.qps, p.requests): p for p in found.probes}
+    for n in (found.requests // 2, found.requests):
+        assert at[(found.max_qps, n)].ok and not at[(found.fail_qps, n)].ok
+    assert found.at_max is not None and found.warmup_s > 0 and "steady state" in found.criterion
+    assert found.to_dict()["steady_state"]["stable"] is True
 
 
-def test_evicting_policies_at_a_small_cache_serve_a_higher_rate_on_a_memory_bound_point(searches):
-    full = searches["full"][1].max_qps
+def test_the_answer_does_not_depend_on_the_requested_run_length(small_search):
+    """Starting from 100 or 300 measured requests gives the same rate within the tolerance."""
+    cfg, short = small_search
+    longer = find_max_qps(cfg, SMALL_SLO, requests=300)
+    assert longer.stable and longer.requests >= 600
+    assert max(short.max_qps, longer.max_qps) / min(short.max_qps, longer.max_qps) <= 1 + 2 * 0.05
+
+
+def test_a_short_run_from_an_empty_server_overstates_the_rate(small_search):
+    """What the search guards against (issue 27: 64 requests gave 2-3x the steady-state rate): the first 12
+    requests from an empty server meet the SLO at a rate 30% above the one found."""
+    cfg, found = small_search
+    short = run_config(replace(cfg, qps=1.3 * found.max_qps, requests=12))
+    assert SMALL_SLO.problem(short) is None
+
+
+@pytest.mark.slow
+def test_evicting_policies_at_a_small_cache_serve_a_higher_rate_on_a_memory_bound_point(small_search):
+    full = small_search[1].max_qps
     for policy in ("keyformer", "h2o"):
-        assert searches[policy][1].max_qps > 1.5 * full, (policy, searches[policy][1].max_qps, full)
+        found = find_max_qps(ServeConfig(policy=policy, cache_ratio=0.2, **SMALL), SMALL_SLO, requests=100)
+        assert found.max_qps > 1.5 * full, (policy, found.max_qps, full)
 
 
 def test_loose_and_impossible_slos_say_so():
     cfg = ServeConfig(hw="h200-sxm", model="llama-2-7b", prompt=512, gen=16, requests=8)
-    loose = find_max_qps(cfg, SLO(slo_ttft_p99=1e3))
-    assert loose.max_qps == math.inf and loose.runs == 1
-    impossible = find_max_qps(cfg, SLO(slo_ttft_p99=1e-6))
+    loose = find_max_qps(cfg, SLO(slo_ttft_p99=1e3), requests=8)
+    assert loose.max_qps == math.inf and loose.runs == 2 and loose.stable     # at qps inf with 8 and 16
+    impossible = find_max_qps(cfg, SLO(slo_ttft_p99=1e-6), requests=8)
     assert impossible.max_qps == 0 and impossible.at_max is None and "no rate" in impossible.reason
     with pytest.raises(ValueError, match="needs an SLO"):
         find_max_qps(cfg, SLO())
 
 
-def test_serve_cli_find_max_qps_reports_rate_metrics_and_runs(capsys):
-    argv = ["--hw", "h200-sxm", "--model", "llama-2-7b", "--prompt", "1024", "--gen", "32", "--requests", "32",
-            "--slo-ttft-p99", "0.5", "--slo-tpot-p99", "0.03", "--find-max-qps", "--no-progress"]
+def test_serve_cli_find_max_qps_reports_rate_metrics_and_how_it_decided(capsys):
+    argv = ["--hw", "l4", "--model", "llama-2-7b", "--prompt", "2048", "--gen", "16", "--arrivals", "gamma",
+            "--cv", "0.1", "--requests", "100", "--slo-ttft-p99", "2", "--find-max-qps", "--no-progress"]
     assert serve_main(argv + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) >= {"max_qps", "fail_qps", "runs", "probes", "ttft_s_p99", "tpot_s_p99", "slo", "config"}
-    assert out["ttft_s_p99"] <= 0.5 and out["tpot_s_p99"] <= 0.03 and out["runs"] == len(out["probes"])
+    assert set(out) >= {"max_qps", "fail_qps", "runs", "probes", "ttft_s_p99", "tpot_s_p99", "slo", "config",
+                        "steady_state"}
+    assert out["ttft_s_p99"] <= 2 and out["runs"] == len(out["probes"])
+    assert out["steady_state"]["stable"] and out["steady_state"]["requests"] >= 200
     assert serve_main(argv) == 0
     text = capsys.readouterr().out
-    assert "max qps meeting the SLO" in text and "simulations" in text
+    assert "max qps meeting the SLO" in text and "stable: the same bracket at" in text and "steady state:" in text
 
 
 # --- the DES sweep: qps axis, distributions, max_qps_slo -----------------------------------------------------
@@ -184,15 +205,24 @@ def test_qps_is_a_grid_axis_in_the_cache_key(tmp_path, capsys):
 
 
 def test_sweep_lengths_and_slo_columns(tmp_path, capsys):
-    rc, _, err = _sweep(SWEEP + ["--qps", "4", "--prompt-dist", "lognormal:0.5", "--slo-ttft-p99", "0.2",
-                                 "--slo-tpot-p99", "0.03", "--no-cache", "--out", str(tmp_path / "s")], capsys)
+    rc, _, err = _sweep(SWEEP + ["--qps", "4", "--prompt-dist", "lognormal:0.5", "--no-cache", "--out",
+                                 str(tmp_path / "d")], capsys)
+    assert rc == 0, err
+    table = pd.read_parquet(tmp_path / "d" / "points.parquet")
+    assert (table["prompt_dist"] == "lognormal:0.5").all() and "gen_dist" not in table.columns
+    assert "lognormal:0.5" in (tmp_path / "d" / "summary.md").read_text()
+    # the SLO columns: the search picks its own run lengths (200 and 400 requests here), whatever --requests
+    # says; a loose limit keeps it to the two bursts that show every request at once meets it
+    argv = ["--hw", "l4", "--models", "llama-2-7b", "--policies", "full", "--batches", "64", "--prompts", "512",
+            "--gens", "16", "--engine", "des", "--requests", "16", "--qps", "0.5", "--traces", "none", "--no-plots",
+            "--slo-ttft-p99", "1000", "--no-cache", "--out", str(tmp_path / "s")]
+    rc, _, err = _sweep(argv, capsys)
     assert rc == 0, err
     table = pd.read_parquet(tmp_path / "s" / "points.parquet")
-    assert (table["prompt_dist"] == "lognormal:0.5").all() and "gen_dist" not in table.columns
-    assert table["max_qps_slo"].between(1, 1e4).all() and (table["slo_runs"] >= 3).all()
-    assert (table["slo_ttft_s_p99"] <= 0.2).all() and (table["slo_tpot_s_p99"] <= 0.03).all()
+    assert (table["max_qps_slo"] == math.inf).all() and (table["slo_runs"] == 2).all()
+    assert table["slo_stable"].all() and (table["slo_requests"] == 400).all()
     summary = (tmp_path / "s" / "summary.md").read_text()
-    assert "## Highest request rate meeting the SLO" in summary and "lognormal:0.5" in summary
+    assert "## Highest request rate meeting the SLO" in summary and "steady state" in summary
 
 
 @pytest.mark.parametrize("args, fragment", [
