@@ -32,18 +32,24 @@ def values(z, terms) -> dict[str, float]:
     return {t.name: float(v) for t, v in zip(terms, to_x(z, terms))}
 
 
-def descend(residuals: Callable[[np.ndarray], np.ndarray], z, max_iter: int) -> tuple[float, np.ndarray]:
-    """Levenberg-Marquardt from `z` on `residuals(z)` (sum of squares); (cost, z) at the end."""
+def descend(residuals: Callable[[np.ndarray], np.ndarray], z, max_iter: int,
+            jacobian: Callable | None = None) -> tuple[float, np.ndarray]:
+    """Levenberg-Marquardt from `z` on `residuals(z)` (sum of squares); (cost, z) at the end. `jacobian(z, r)`
+    (optional) gives d residuals / d z at z (residuals r there), e.g. one that re-evaluates only what each
+    coordinate reaches; default: forward differences of `residuals`."""
     z = np.asarray(z, float)
     r = residuals(z)
     cost, lam = float(r @ r), 1e-2
     for _ in range(max_iter):
-        h = 1e-4
-        jac = np.empty((len(r), len(z)))
-        for j in range(len(z)):
-            dz = z.copy()
-            dz[j] += h
-            jac[:, j] = (residuals(dz) - r) / h
+        if jacobian is not None:
+            jac = jacobian(z, r)
+        else:
+            h = 1e-4
+            jac = np.empty((len(r), len(z)))
+            for j in range(len(z)):
+                dz = z.copy()
+                dz[j] += h
+                jac[:, j] = (residuals(dz) - r) / h
         g, a = jac.T @ r, jac.T @ jac
         improved = False
         for _ in range(8):

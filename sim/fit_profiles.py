@@ -1,28 +1,32 @@
-"""`python -m sim.fit_profiles`: fit the GPU engine profiles' named terms to published measurements.
+"""`python -m sim.fit_profiles`: fit the GPU engine profiles' named terms to published measurements, jointly.
 
-    python -m sim.fit_profiles                                   # default CSV, writes the shipped file
-    python -m sim.fit_profiles --csv ../shared/data/gpu-published-train.csv \
-        --out sim/engine_profiles/gpu-published-fit.yaml
+    python -m sim.fit_profiles                      # both training CSVs + the kernel file; writes results/
+    python -m sim.fit_profiles --update-shipped     # the same, refreshing sim/engine_profiles/gpu-published-fit.yaml
 
-Reads the CSV (sim/validation/published_gpu.py: default `../shared/data/gpu-published-train.csv`, or
-KVSIM_DATA), keeps the single-device rows (tp = 1; multi-GPU rows are out of scope for the one-device
-model and are listed as excluded), and fits the terms of sim/profiles/engines.py (TERMS: a handful, each
-bounded to a physical range, shared by every device) by bounded robust least squares (soft-L1) on
-log(predicted / measured), from the priors and a few attention-rate starts. Every row is predicted through the engine as it is now, so the
-fit is re-run on top of whatever the engine's op costs are (the file records the fit's date and the
-predictions it saw, and `sim.validate` warns when the engine has moved since).
+Reads the published rows (sim/validation/published_rows.py: by default both training CSVs of
+`../shared/data`, or KVSIM_DATA) and the kernel-level decode-attention rows (sim/validation/published_kernels.py),
+keeps the single-device rows of every stack with a profile (TensorRT-LLM and vLLM together: the kernel and GEMM
+terms are the same physics on the same chips; each stack's own host terms only see its rows), and fits the
+terms of sim/profiles/engines.py (TERMS: each bounded to a physical range, with a prior and a source) by
+bounded robust least squares (soft-L1) on log(predicted / measured), from the priors and one mid-range start.
+Every row is predicted through the engine as it is now, as it was measured (sim.validation.published_gpu:
+static batches, in-flight-batching steady states, capped servers, request rates).
 
-Leave-one-source-out (LOSO): for every source (a vendor document) the terms are fitted again without
-its rows and its rows are predicted with those terms; the file keeps each fold's terms so
-`python -m sim.validate` can show LOSO error beside in-sample error.
+Leave-one-family-out (LOFO): for every source family (sim/validation/sources.yaml: TensorRT-LLM static
+tables, TensorRT-LLM in-flight tables, vLLM, QServe baselines, blogs) the terms are fitted again without its
+rows and its rows predicted with those terms; the file keeps each fold's terms so `python -m sim.validate` can
+show out-of-sample error beside in-sample error. The kernel rows stay in every fold (they are another kind of
+measurement, not a source of engine rows).
 
-An engine with no single-device rows in the CSV (vLLM here: its only rows are 8-GPU) is not fitted: its
-terms are copied from the fitted engine and marked `fitted: false` with the reason.
+A row's prediction depends only on some terms (row_terms: its stack's host terms, its kernel family's
+terms, ...): the Jacobian re-predicts only the rows a term reaches, which is exact because the rule is a
+superset of what the engine reads.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,207 +34,276 @@ import yaml
 
 from sim import bounded_fit as bf
 from sim.cli import OneLineParser, atomic_write_text, output_file, run
+from sim.models import load_model
 from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
+from sim.validation import published_kernels as pk
 
-DEFAULT_OUT = pe.FIT_FILE
-FITTED_ENGINE = "trtllm"
-MAX_ITER = 40
-
-
-def _values(z) -> dict[str, float]:
-    return bf.values(z, pe.TERMS)
-
-
-def predictions(rows, values: dict, engine_name: str = FITTED_ENGINE) -> np.ndarray:
-    profile = pe.make_profile(engine_name, values, name=f"{engine_name}-fit")
-    return np.array([pg.predict_row(r, profile) for r in rows])
+SHIPPED_OUT = pe.FIT_FILE
+DEFAULT_OUT = Path("results") / "fit-profiles" / "gpu-published-fit.yaml"
+FIT_ENGINE = "trtllm"          # the profile each row's terms are built on (the row's own stack decides runtime)
+TERMS = pe.FITTED_TERMS
+MAX_ITER = 20
+LOSS_SCALE = 0.05              # soft-L1 knee on the log error: a few rows the physics cannot reach do not drag
+PRIOR_WEIGHT = 1e-2            # a faint pull towards the priors: a term no row constrains stays at its prior
+KERNEL_WEIGHT = 1.0            # a kernel row weighs as much as an engine row
 
 
-# Robust loss: soft-L1 on the log error with a 5% knee (quadratic below, linear above), so a few rows the
-# physics cannot reach (e.g. an older engine version's kernels) do not drag the shared terms to the edge
-# of their ranges. Least squares runs on sign(r) * sqrt(rho(r)), whose squares sum to the loss.
-LOSS_SCALE = 0.05
+def _all_values(z) -> dict[str, float]:
+    return {**pe.prior_values(), **bf.values(z, TERMS)}
 
 
-# A faint pull towards the priors (in the logistic coordinates): a term the rows do not constrain (e.g. the
-# per-head attention rate when no row runs that kernel) stays at its prior instead of wherever a start put it.
-PRIOR_WEIGHT = 1e-2
+def _z(values: dict) -> np.ndarray:
+    return bf.to_z([values[t.name] for t in TERMS], TERMS)
 
 
-def _residuals(rows, measured, z):
-    r = np.log(predictions(rows, _values(z)) / measured)
-    rho = 2.0 * (np.sqrt(1.0 + (r / LOSS_SCALE) ** 2) - 1.0) * LOSS_SCALE ** 2
-    pull = PRIOR_WEIGHT * (z - bf.to_z([pe.prior_values()[n] for n in pe.TERM_NAMES], pe.TERMS))
-    return np.concatenate([np.sign(r) * np.sqrt(rho), pull])
+def row_terms(row) -> frozenset:
+    """The terms a row's prediction can depend on (a superset: exactness of the sparse Jacobian)."""
+    names = {"gemm_eff", "attn_prefill_eff"}
+    if row.weight_dtype == "fp8" or row.metric == "speedup_fp8_vs_fp16":
+        names.add("fp8_gemm_eff")
+    if row.runtime in ("classic", "pytorch"):
+        names |= {"step_overhead_s", "launch_overhead_s"}
+    else:
+        key = row.runtime.replace("-", "_")
+        names |= {f"{key}_step_s", f"{key}_seq_s"}
+    if row.batch_kind != "static":
+        names.add("runtime_reserve_gb")
+    if row.gen > 1 or row.metric in ("tpot_ms",):
+        m = load_model(row.model)
+        kernels = pe.Kernels(row.engine, row.decode_kernel, row.sliding_window_kernel)
+        kv_1byte = row.kv_dtype in ("fp8", "int8", "int4") or row.metric == "speedup_fp8_vs_fp16"
+        families = {kernels.family(m, kv_1byte), kernels.family(m, False)}
+        names |= {"attn_latency_s", "attn_fp8_kv_eff"}
+        names |= {pe.attn.BW_TERM[f] for f in families} | {pe.attn.CORE_TERM[f] for f in families}
+        if families & {"per-head", "masked-mha"} and m.n_heads != m.n_kv_heads:
+            names.add("attn_l2_reuse")
+    return frozenset(n for n in names if n in {t.name for t in TERMS})
 
 
-def fit_terms(rows, start: dict | None = None) -> dict[str, float]:
-    """Bounded least squares (Levenberg-Marquardt in a logistic reparametrisation of each term's
-    bounds) on log(predicted / measured); deterministic. Without `start`: from the priors and from the
-    middle of every term's range, keeping the better (priors at a bound leave terms the rows barely
-    see at first stuck there)."""
-    if not rows:
-        raise ValueError("no rows to fit")
-    if start is not None:
-        return _descend(rows, bf.to_z([start[n] for n in pe.TERM_NAMES], pe.TERMS))[1]
-    fits = [_descend(rows, z0) for z0 in start_points()]
-    return min(fits, key=lambda f: f[0])[1]
+class Problem:
+    """Engine rows and kernel rows with their measured values; predictions memoised per row on the values of
+    the terms it depends on."""
 
+    def __init__(self, rows, kernel_rows):
+        self.rows, self.kernel_rows = list(rows), list(kernel_rows)
+        self.measured = np.array([r.value for r in self.rows] + [k.value for k in self.kernel_rows], float)
+        self.deps = [tuple(sorted(row_terms(r))) for r in self.rows]
+        self.memo: dict = {}
 
-# The decode-attention rate has two basins on the published rows (compute-bound Mistral rows explained by
-# the attention kernel, or by overheads): descend from the priors and from the middle of every range with
-# the attention rate at a few levels of its range, keep the best. Every LOSO fold runs the same starts.
-ATTENTION_STARTS = (0.05, 0.15, 0.4)
+    def _profile(self, values: dict):
+        return pe.make_profile(FIT_ENGINE, values, name=f"{FIT_ENGINE}-fit")
+
+    def predict(self, values: dict, only: int | None = None, base: np.ndarray | None = None) -> np.ndarray:
+        """All predictions; with `only` (a term index) and `base`, re-predict just the rows that term reaches."""
+        out = np.empty(len(self.measured)) if base is None else base.copy()
+        profile = None
+        name = TERMS[only].name if only is not None else None
+        for i, r in enumerate(self.rows):
+            if name is not None and name not in self.deps[i]:
+                continue
+            key = (i, tuple(values[n] for n in self.deps[i]))
+            hit = self.memo.get(key)
+            if hit is None:
+                profile = profile or self._profile(values)
+                hit = self.memo[key] = pg.predict_row(r, profile)
+            out[i] = hit
+        n = len(self.rows)
+        for j, k in enumerate(self.kernel_rows):
+            out[n + j] = pk.predict_kernel(k, values)
+        if len(self.memo) > 200_000:
+            self.memo.clear()
+        return out
+
+    def residuals_from(self, pred: np.ndarray, z) -> np.ndarray:
+        r = np.log(pred / self.measured)
+        w = np.ones_like(r)
+        w[len(self.rows):] = KERNEL_WEIGHT
+        rho = 2.0 * (np.sqrt(1.0 + (r / LOSS_SCALE) ** 2) - 1.0) * LOSS_SCALE ** 2
+        pull = PRIOR_WEIGHT * (np.asarray(z) - _z(pe.prior_values()))
+        return np.concatenate([np.sign(r) * np.sqrt(rho * w), pull])
+
+    def residuals(self, z) -> np.ndarray:
+        return self.residuals_from(self.predict(_all_values(z)), z)
+
+    def jacobian(self, z, r0) -> np.ndarray:
+        values = _all_values(z)
+        base = self.predict(values)
+        jac = np.empty((len(r0), len(z)))
+        for j in range(len(z)):
+            dz = np.array(z, float)
+            dz[j] += 1e-4
+            pred = self.predict(_all_values(dz), only=j, base=base)
+            jac[:, j] = (self.residuals_from(pred, dz) - r0) / 1e-4
+        return jac
 
 
 def start_points() -> list[np.ndarray]:
+    """One start: the overheads at their priors, the efficiencies in the middle of their ranges with a slow
+    CUDA-core attention rate (the decode-attention rate has two basins, compute-bound rows explained by the
+    kernel or by overheads; from the priors, with every rate at its ideal bound, the descent stalls in the
+    second: measured 12.4% against 9.2% in-sample). Every fold runs the same start."""
     prior = pe.prior_values()
-    starts = [bf.to_z([prior[n] for n in pe.TERM_NAMES], pe.TERMS)]
-    for level in ATTENTION_STARTS:     # overheads at their priors, efficiencies inside their ranges
-        x = dict(prior, gemm_eff=0.8, fp8_gemm_eff=0.8, attn_fp8_kv_eff=0.8, attn_core_eff=level)
-        starts.append(bf.to_z([x[n] for n in pe.TERM_NAMES], pe.TERMS))
-    return starts
+    mid = dict(prior, gemm_eff=0.8, fp8_gemm_eff=0.8, attn_fp8_kv_eff=0.8, attn_core_eff=0.15, attn_mmha_core_eff=0.15,
+               attn_bw_per_head=0.6, attn_bw_cuda_core=0.5, attn_bw_tensor_core=0.8, attn_latency_s=10e-6,
+               attn_l2_reuse=0.5)
+    return [_z(mid)]
 
 
-def _descend(rows, z) -> tuple[float, dict[str, float]]:
-    measured = np.array([r.value for r in rows])
-    cost, z = bf.descend(lambda zz: _residuals(rows, measured, zz), z, MAX_ITER)
-    return cost, _values(z)
+def fit_terms(rows, kernel_rows) -> dict[str, float]:
+    """Bounded least squares (Levenberg-Marquardt in a logistic reparametrisation) from each start, the best
+    kept; deterministic."""
+    if not rows:
+        raise ValueError("no rows to fit")
+    problem = Problem(rows, kernel_rows)
+    best = None
+    for z0 in start_points():
+        cost, z = bf.descend(problem.residuals, z0, MAX_ITER, jacobian=problem.jacobian)
+        if best is None or cost < best[0]:
+            best = (cost, z)
+    return _all_values(best[1])
 
 
-# What a fold's training rows leave open: for each term, scanned over its physical range with the other
-# terms at the fold's values, the values the training rows cannot tell apart (their MAPE within
-# ACCEPT_PT points of the fold's own) and how far the left-out rows' predictions move over those values.
-# A large move means the left-out source's LOSO error is set by a term only that source measures, not
-# by a misfit of the others.
-ACCEPT_PT = 0.5
-SCAN_POINTS = 11
+def predictions(rows, values: dict) -> np.ndarray:
+    profile = pe.make_profile(FIT_ENGINE, values, name=f"{FIT_ENGINE}-fit")
+    return np.array([pg.predict_row(r, profile) for r in rows])
 
 
-def open_terms(train, held, values: dict) -> dict[str, dict]:
-    """Per term: `accepted` [lowest, highest] value the training rows accept, `held_out_move_pct` the largest
-    change of a left-out row's prediction over them (%)."""
-    measured = np.array([r.value for r in train])
-    limit = bf.mape(predictions(train, values), measured) + ACCEPT_PT
-    base = predictions(held, values)
-    out = {}
-    for t in pe.TERMS:
-        accepted, move = [values[t.name]], 0.0
-        for u in np.linspace(0.0, 1.0, SCAN_POINTS):
-            trial = {**values, t.name: t.lo + u * (t.hi - t.lo)}
-            if bf.mape(predictions(train, trial), measured) <= limit:
-                accepted.append(trial[t.name])
-                move = max(move, float(np.max(np.abs(predictions(held, trial) / base - 1.0))))
-        out[t.name] = {"accepted": [round(float(min(accepted)), 9), round(float(max(accepted)), 9)],
-                       "held_out_move_pct": round(100.0 * move, 2)}
-    return out
+def _fold(args):
+    family, train, held, kernel_rows = args
+    values = fit_terms(train, kernel_rows)
+    print(f"fit_profiles: {'full fit' if family == 'all' else 'without ' + family} done "
+          f"({len(train)} rows)", file=sys.stderr, flush=True)
+    return family, values, predictions(held, values)
 
 
-def run_fit(csv: Path) -> dict:
-    rows = pg.load_rows(csv)
-    fit_rows = pg.in_scope(rows, FITTED_ENGINE)
-    if len(fit_rows) < len(pe.TERMS) + 1:
-        raise ValueError(f"{csv}: {len(fit_rows)} single-device {FITTED_ENGINE} rows, need more than "
-                         f"{len(pe.TERMS)} (one per term)")
-    measured = np.array([r.value for r in fit_rows])
-    terms = fit_terms(fit_rows)
-    in_sample = predictions(fit_rows, terms)
-    folds, loso_pred, left_open = {}, np.empty(len(fit_rows)), {}
-    sources = list(dict.fromkeys(r.source for r in fit_rows))
-    for source in sources:
-        train = [r for r in fit_rows if r.source != source]
-        fold = fit_terms(train)          # the same starts as the full fit: nothing of the held-out rows
-        folds[source] = {k: round(v, 9) for k, v in fold.items()}
-        idx = [i for i, r in enumerate(fit_rows) if r.source == source]
-        held = [fit_rows[i] for i in idx]
-        loso_pred[idx] = predictions(held, fold)
-        left_open[source] = open_terms(train, held, fold)
-    return dict(rows=rows, fit_rows=fit_rows, measured=measured, terms=terms, in_sample=in_sample, folds=folds,
-                loso=loso_pred, left_open=left_open)
+def run_fit(csvs, kernels: Path, workers: int = 2) -> dict:
+    rows = pg.load_rows(csvs)
+    fit_rows = [r for r in pg.in_scope(rows) if r.engine in pe.ENGINES]
+    if len(fit_rows) < len(TERMS) + 1:
+        raise ValueError(f"{len(fit_rows)} single-device rows, need more than {len(TERMS)} (one per term)")
+    kernel_rows = pk.load_kernel_rows(kernels) if kernels is not None else []
+    families = list(dict.fromkeys(r.family for r in fit_rows))
+    jobs = [("all", fit_rows, fit_rows, kernel_rows)]
+    jobs += [(f, [r for r in fit_rows if r.family != f], [r for r in fit_rows if r.family == f], kernel_rows)
+             for f in families]
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        done = {family: (values, pred) for family, values, pred in pool.map(_fold, jobs)}
+    terms, in_sample = done["all"]
+    loso = np.empty(len(fit_rows))
+    for f in families:
+        idx = [i for i, r in enumerate(fit_rows) if r.family == f]
+        loso[idx] = done[f][1]
+    kernel_in = np.array([pk.predict_kernel(k, terms) for k in kernel_rows])
+    # request-rate rows are fitted through Little's law; the DES checks that steady state with the fitted terms
+    profile = pe.make_profile(FIT_ENGINE, terms, name=f"{FIT_ENGINE}-fit")
+    des = {i: pg.des_rate(r, profile) for i, r in enumerate(fit_rows) if r.batch_kind == "qps"}
+    return dict(rows=rows, fit_rows=fit_rows, kernel_rows=kernel_rows, measured=np.array([r.value for r in fit_rows]),
+                terms=terms, in_sample=in_sample, loso=loso, kernel_in_sample=kernel_in, des=des,
+                folds={f: {k: round(v, 9) for k, v in done[f][0].items()} for f in families})
 
 
 def _term_entries(values: dict, source: str) -> dict:
-    return {t.name: {"value": round(values[t.name], 9), "unit": t.unit, "bounds": [t.lo, t.hi],
-                     "prior": t.prior, "prior_source": t.prior_source, "meaning": t.meaning, "source": source}
+    return {t.name: {"value": round(values[t.name], 9), "unit": t.unit, "bounds": [t.lo, t.hi], "prior": t.prior,
+                     "prior_source": t.prior_source, "meaning": t.meaning,
+                     "source": source if t.fitted else f"not fitted: {t.prior_source}"}
             for t in pe.TERMS}
 
 
-def build_document(result: dict, csv: Path, command: str) -> dict:
+def build_document(result: dict, csvs, kernels: Path, command: str) -> dict:
     fit_rows, rows = result["fit_rows"], result["rows"]
-    csv_label = pg.display_path(csv)
-    fitted_source = (f"fitted by `{command}` to {len(fit_rows)} single-device {FITTED_ENGINE} rows of {csv_label} "
-                     f"(sha256 {pg.file_sha256(csv)[:16]})")
-    engines = {FITTED_ENGINE: {"fitted": True, "rows": len(fit_rows), "terms": _term_entries(result["terms"], fitted_source),
-                               "loso_folds": result["folds"],
-                               # per fold and term: the values its training rows accept and how far the
-                               # left-out rows move over them (open_terms)
-                               "loso_open_terms": result["left_open"]}}
+    labels = [pg.display_path(c) for c in csvs]
+    fitted_source = (f"fitted by `{command}` to {len(fit_rows)} single-device rows of {', '.join(labels)} and "
+                     f"{len(result['kernel_rows'])} kernel rows of {pg.display_path(kernels)}")
+    entries = _term_entries(result["terms"], fitted_source)
+    engines = {}
     for engine_name in pe.ENGINES:
-        if engine_name == FITTED_ENGINE:
-            continue
-        own = pg.in_scope(rows, engine_name)
-        reason = (f"not fitted: {csv_label} has {len(own)} single-device {engine_name} rows "
-                  f"({sum(r.engine == engine_name for r in rows)} in all, multi-GPU); values copied from the "
-                  f"{FITTED_ENGINE} fit (same devices and kernel classes: an assumption, not a measurement)")
-        engines[engine_name] = {"fitted": False, "rows": len(own), "reason": reason,
-                                "terms": _term_entries(result["terms"], reason)}
-    excluded = [{"row": r.index, "id": r.id, "why": r.scope} for r in rows if r.scope != "single-device"]
-    per_row = [{"row": r.index, "id": r.id, "source": r.source, "regime": r.regime, "measured": r.value,
-                "in_sample": round(float(p), 6), "loso": round(float(q), 6)}
-               for r, p, q in zip(fit_rows, result["in_sample"], result["loso"])]
+        own = [r for r in fit_rows if r.engine == engine_name]
+        engines[engine_name] = {"fitted": bool(own), "rows": len(own), "terms": entries,
+                                "loso_folds": result["folds"]}
+    excluded = [{"row": r.index, "csv": r.csv, "id": r.id, "why": r.scope} for r in rows if r not in fit_rows]
+    per_row = [{"row": r.index, "csv": r.csv, "id": r.id, "source": r.source, "family": r.family, "regime": r.regime,
+                "measured": r.value, "in_sample": round(float(p), 6), "loso": round(float(q), 6),
+                **({"des": round(float(result["des"][i]), 6)} if i in result.get("des", {}) else {})}
+               for i, (r, p, q) in enumerate(zip(fit_rows, result["in_sample"], result["loso"]))]
+    kernel_rows = [{"row": k.index, "id": k.id, "family": k.family, "measured_pct": k.value,
+                    "in_sample_pct": round(float(p), 3)} for k, p in zip(result["kernel_rows"], result["kernel_in_sample"])]
+    measured, kern = result["measured"], result["kernel_rows"]
     return {
-        "schema_version": 1,
+        "schema_version": 2,
         "kind": "kvsim-engine-profiles",
-        "fit": {"command": command, "csv": csv_label, "csv_sha256": pg.file_sha256(csv),
+        "fit": {"command": command, "csv": labels, "csv_sha256": [pg.file_sha256(c) for c in csvs],
+                "kernels": pg.display_path(kernels), "kernels_sha256": pg.file_sha256(kernels),
                 "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "objective": "soft-L1 loss (5% knee) on log(predicted / measured), terms bounded (logistic "
-                             "reparametrisation), Levenberg-Marquardt from the priors and 3 attention-rate starts",
-                "rows_fitted": len(fit_rows), "rows_excluded": excluded,
-                "open_terms": {"accept_pt": ACCEPT_PT, "scan_points": SCAN_POINTS,
-                               "what": "per LOSO fold and term: the values the fold's training rows accept (MAPE "
-                                       "within accept_pt points of the fold's, other terms held) and the largest move "
-                                       "of a left-out row's prediction over them (engines.trtllm.loso_open_terms)"},
-                "in_sample_mape_pct": round(bf.mape(result["in_sample"], result["measured"]), 3),
-                "loso_mape_pct": round(bf.mape(result["loso"], result["measured"]), 3)},
+                "objective": "soft-L1 loss (5% knee) on log(predicted / measured) over engine and kernel rows, terms "
+                             "bounded (logistic reparametrisation), Levenberg-Marquardt from one mid-range "
+                             "start",
+                "loso": "leave-one-source-family-out (sim/validation/sources.yaml)",
+                "rows_fitted": len(fit_rows), "kernel_rows": len(kern), "rows_excluded": excluded,
+                "in_sample_mape_pct": round(bf.mape(result["in_sample"], measured), 3),
+                "loso_mape_pct": round(bf.mape(result["loso"], measured), 3),
+                "kernel_in_sample_mape_pct": round(bf.mape(result["kernel_in_sample"], [k.value for k in kern]), 3)},
         "engines": engines,
         "predictions": per_row,
+        "kernel_predictions": kernel_rows,
     }
 
 
 def write_document(doc: dict, out: Path) -> None:
     header = ("# Engine profiles fitted to published GPU measurements: written by python -m sim.fit_profiles\n"
               "# (do not edit by hand; re-run the command in `fit.command`). Terms: sim/profiles/engines.py.\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, header + yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
 def build_parser():
     p = OneLineParser(prog="python -m sim.fit_profiles",
                       description="Fit the trtllm/vllm engine profiles' terms to published GPU measurements.")
-    p.add_argument("--csv", type=Path, default=None,
-                   help=f"published measurements (default: {pg.display_path(pg.default_csv())}, or $KVSIM_DATA/"
-                        f"{pg.CSV_NAME})")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help=f"profile file to write (default: {pg.display_path(DEFAULT_OUT)})")
+    p.add_argument("--csv", type=Path, action="append", default=None,
+                   help="published measurements (repeatable; default: ../shared/data/gpu-published-train.csv and "
+                        "gpu-published-train-2.csv, or the same names under $KVSIM_DATA)")
+    p.add_argument("--kernels", type=Path, default=None,
+                   help="kernel-level decode-attention rows (default: ../shared/data/gpu-attention-kernels.csv)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"profile file to write (default: {DEFAULT_OUT}; the shipped file only with --update-shipped)")
+    p.add_argument("--update-shipped", action="store_true",
+                   help=f"write the tracked profile file {pg.display_path(SHIPPED_OUT)}")
+    p.add_argument("--workers", type=int, default=2, help="processes for the folds (default 2)")
     p.add_argument("--quiet", action="store_true", help="no summary on stdout")
     return p
 
 
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    csv = args.csv if args.csv is not None else pg.default_csv()
-    output_file("--out", args.out)
-    result = run_fit(csv)
-    command = "python -m sim.fit_profiles --csv " + pg.display_path(csv)
-    if args.out.resolve() != DEFAULT_OUT.resolve():
-        command += " --out " + pg.display_path(args.out)
-    doc = build_document(result, csv, command)
-    write_document(doc, args.out)
+    if args.update_shipped and args.out is not None:
+        raise ValueError("--out and --update-shipped: give one")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    out = SHIPPED_OUT if args.update_shipped else (args.out or DEFAULT_OUT)
+    if out == DEFAULT_OUT:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    output_file("--out", out)
+    csvs = args.csv or pg.default_csvs()
+    for c in csvs:
+        if not Path(c).is_file():
+            raise FileNotFoundError(f"--csv {c}: no such file")
+    kernels = args.kernels or pk.default_csv()
+    if not Path(kernels).is_file():
+        raise FileNotFoundError(f"--kernels {kernels}: no such file")
+    rows = [r for r in pg.in_scope(pg.load_rows(csvs)) if r.engine in pe.ENGINES]
+    if len(rows) < len(TERMS) + 1:      # before the long work
+        raise ValueError(f"{len(rows)} single-device rows, need more than {len(TERMS)} (one per term)")
+    result = run_fit(csvs, kernels, args.workers)
+    command = "python -m sim.fit_profiles" + ("" if args.csv is None else "".join(
+        f" --csv {pg.display_path(c)}" for c in csvs)) + ("" if args.kernels is None else
+                                                         f" --kernels {pg.display_path(kernels)}")
+    doc = build_document(result, csvs, kernels, command + (" --update-shipped" if args.update_shipped else ""))
+    write_document(doc, out)
     if not args.quiet:
         fit = doc["fit"]
-        terms = ", ".join(f"{k}={v['value']:.4g}" for k, v in doc["engines"][FITTED_ENGINE]["terms"].items())
-        print(f"{fit['rows_fitted']} rows: in-sample MAPE {fit['in_sample_mape_pct']:.1f}%, "
-              f"LOSO MAPE {fit['loso_mape_pct']:.1f}%; {terms}: {args.out}")
+        print(f"{fit['rows_fitted']} rows + {fit['kernel_rows']} kernel rows: in-sample MAPE "
+              f"{fit['in_sample_mape_pct']:.1f}%, leave-one-family-out MAPE {fit['loso_mape_pct']:.1f}%, kernel rows "
+              f"{fit['kernel_in_sample_mape_pct']:.1f}%: {pg.display_path(out)}")
     return 0
 
 

@@ -279,7 +279,7 @@ def _bloom(c):
 
 
 _READERS = {"gpt2": _gpt2, "gptj": _gptj, "mpt": _mpt, "llama": _llama, "mistral": _llama, "mixtral": _mixtral,
-            "qwen2": _llama, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox,
+            "qwen2": _llama, "qwen3": _llama, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "gpt_neox": _gpt_neox,
             "opt": _opt, "bloom": _bloom, "falcon": _falcon}
 SUPPORTED_TYPES = tuple(_READERS)
 
@@ -333,7 +333,7 @@ def _sliding_layers(cfg: dict, model_type: str, n_layers: int, where: str) -> tu
     if model_type == "gemma3_text":  # Gemma3TextConfig: every sliding_window_pattern-th layer global (6)
         pattern = int(cfg.get("sliding_window_pattern") or 6)
         return tuple(i for i in range(n_layers) if (i + 1) % pattern)
-    if model_type == "qwen2" and cfg.get("use_sliding_window"):
+    if model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return tuple(range(min(int(cfg.get("max_window_layers") or 0), n_layers), n_layers))
     return ()
 

@@ -78,3 +78,13 @@ def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", pol
                            profile=profile, beams=beams, cache_ratio=cache_ratio, recent_ratio=recent_ratio)
 
 
+
+
+def packed_prefill_time(hw, model, sequences: int, new_tokens: int, past_tokens: int = 0, *, weight_dtype="bf16",
+                        kv_dtype="bf16", policy="full", profile="fused", completes_prompt: bool = True) -> float:
+    """One prefill step of `sequences` equal chunks packed into one ragged batch (as serving engines run
+    packed prefill: one varlen attention kernel for all of them, not one per sequence)."""
+    s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
+    ctx = make_ctx(s, "prefill", float(sequences), 1.0, float(new_tokens), float(past_tokens), 1.0, 0.3,
+                   completes_prompt)
+    return dense_time(s, float(sequences), 1.0, float(new_tokens)) + step_time_scalar(s, group_ops(ctx))

@@ -50,6 +50,10 @@ class Profile:
     # style forward hooks), so the prefill peak is one layer at the prompt and the others at what they keep
     # (sim.engine.memory.peak_kv_tokens); False: every layer holds the whole prompt until the prefill ends
     layerwise_prefill_eviction: bool = False
+    # engine profiles: the engine and its term values (sim/profiles/engines.py), so a published row can run
+    # the same terms under its own stack's runtime and kernels (sim.validation.published_gpu.row_profile)
+    engine: str | None = None
+    terms: tuple | None = None    # ((name, value), ...)
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):

@@ -1,53 +1,53 @@
-"""What the GPU serving-engine profiles (`trtllm`, `vllm`: sim/profiles/trtllm.py, vllm.py) share: fused
-operators plus a few named, fitted rates.
+"""What the GPU serving-engine profiles (`trtllm`, `trtllm-pytorch`, `vllm`, `vllm-v0`) share: fused operators
+plus a few named, bounded, fitted physical terms.
 
 The operators are the fused profile's (sim/profiles/fused.py: one flash-attention kernel per layer, fused
-gate+up MLP, logits for the last position only). What an engine adds are its own rates and overheads,
-each a named term with physical bounds (TERMS below). The *values* are data, not code: they live in
-sim/engine_profiles/gpu-published-fit.yaml, written by `python -m sim.fit_profiles` from a CSV of
-published measurements, with the fit command, the CSV's hash, the date and each term's value and
-provenance. Each engine's module reads that file when it is imported (first lookup of `trtllm` or `vllm`).
+gate+up MLP, logits for the last position only). What an engine adds are its own rates and overheads, each a
+named term with physical bounds (TERMS below). The *values* are data, not code: they live in
+sim/engine_profiles/gpu-published-fit.yaml, written by `python -m sim.fit_profiles` from the published
+measurements (both training CSVs and the kernel-level decode-attention file, fitted jointly), with the fit
+command, the files' hashes, the date and each term's value and provenance.
 
 How each term enters (docs/sim.md "Engine profiles"):
-  - step_overhead_s      per step (prefill or decode): sampling, scheduling, host syncs; replaces the
-                         device file's host_overhead_s (an assumption of 1 ms there).
-  - launch_overhead_s    per kernel launch (the gap between kernels in the stream); replaces the
-                         device file's launch_overhead_s (an assumption of 4 us there).
-  - gemm_eff             the engine's weight GEMMs reach this fraction of the device's GEMM efficiency
-                         curve (prefill MFU: large GEMMs are compute-bound).
-  - fp8_gemm_eff         FP8 weight GEMMs reach this further fraction (scaling and
-                         conversion work of FP8 GEMMs; FP8 peak is twice the 16-bit peak on paper).
-  - attn_core_eff        decode attention (one query token against the cache: batched GEMVs) runs on
-                         the CUDA cores, not the tensor cores: its FLOP rate is this fraction of the
-                         device's fp32 peak per query head. Which kernel runs decides the group
-                         factor: a grouped kernel (XQA-class: the g query heads of a KV head together,
-                         each K/V element read once and used g times) runs g times that rate, so it
-                         stays bandwidth-bound; a per-head kernel (masked-MHA class: one query head at a
-                         time) does not, so a GQA model's decode attention there costs g times the FLOPs
-                         per KV byte of a multi-head one and turns compute-bound. Per-head: multi-head
-                         models (g = 1, where both are the same) and models with a sliding-window
-                         (cyclic) KV cache (Mistral-7B-v0.1); grouped: the other grouped-query models.
-                         (The sliding-window rule is a hypothesis read off the data: the only GQA rows far
-                         below the bandwidth roofline are Mistral-7B-v0.1's, and there H100 = H200 within
-                         4% although H200 has 1.43x the bandwidth: compute-bound, not streaming.)
-  - attn_fp8_kv_eff      decode attention over an FP8 (any 1-byte) KV cache dequantises every element it reads:
-                         its FLOP rate is this fraction of the 16-bit-KV rate.
-The decode-attention rate enters as Op.compute_eff of attn_scores / softmax / attn_v (capped at 1 of
-the op's peak); its memory side stays the device's streaming curve, so every step still respects the
-bandwidth floor (weights + KV bytes) / peak bandwidth.
+  - step_overhead_s, launch_overhead_s   TensorRT-LLM's C++ runtime (classic): per step (sampling, scheduling,
+                         host syncs) and per kernel launch (the gap between kernels in the stream).
+  - the PyTorch backend (TensorRT-LLM 0.20+): decode steps replay CUDA graphs and the overlap scheduler
+                         hides host work (pytorch_runtime below: derived, not fitted).
+  - vllm_v0_step_s, vllm_v0_seq_s; vllm_v1_step_s, vllm_v1_seq_s   vLLM's host work per step and per
+                         running sequence (Python scheduler, sampler, detokeniser), exposed on the step's
+                         critical path in the V0 engine, mostly overlapped in V1 (async scheduling); CUDA
+                         graphs for decode in both (kernel gap PYTORCH_RUNTIME_KERNEL_GAP_S).
+  - gemm_eff, fp8_gemm_eff   fraction of the device's GEMM efficiency curve the weight GEMMs reach, and the
+                         further fraction of FP8 (1-byte) weight GEMMs.
+  - decode attention (sim/profiles/attention.py): the kernel family each stack runs (stacks.yaml), its
+                         streaming plateau (attn_bw_per_head / _cuda_core / _tensor_core), a per-kernel fixed
+                         time (attn_latency_s), the L2 share of a per-head kernel's re-reads on a grouped-query
+                         model (attn_l2_reuse), the CUDA-core rate (attn_core_eff), FP8-KV conversion on FP8
+                         units (attn_fp8_kv_eff) and in software without them (fp8_kv_sw_ops: not fitted, no
+                         row measures it).
+The decode-attention rate enters as Op.bw_scale and Op.compute_eff of attn_scores / softmax / attn_v; the
+streaming efficiency stays <= 1 of peak bandwidth, so every step still respects the floor
+(weights + KV bytes) / peak bandwidth.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import yaml
 
+from sim.op import Op
+from sim.profiles import attention as attn
 from sim.profiles.base import DECODE_ATTENTION_OPS, PROFILES, Profile, read_fit_yaml, register_profile
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "gpu-published-fit.yaml"
+STACKS_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "stacks.yaml"
 ENGINES = ("trtllm", "vllm")
+RUNTIMES = ("classic", "pytorch", "vllm-v0", "vllm-v1")
+DEFAULT_RUNTIME = {"trtllm": "classic", "vllm": "vllm-v1"}
 
 
 @dataclass(frozen=True)
@@ -59,32 +59,77 @@ class Term:
     prior: float
     prior_source: str
     meaning: str
+    fitted: bool = True       # False: no training row measures it; it stays at its prior (physics, sourced)
 
 
+_VLLM_BLOG = ("vLLM blog on v0.6.0 (Sept 2024): in v0.5.3, for Llama-3-8B on one H100 under load, the API server took "
+              "33% and scheduling 29% of the time, so host work was ~1.6x the GPU's; with a ~10 ms GPU step at ~100 "
+              "running sequences (an assumption) that is ~16 ms, split here as 4 ms per step + 0.12 ms per sequence")
 # Bounds are physical ranges, not tuning room; priors are what the project assumed before any fit.
 TERMS = (
     Term("step_overhead_s", "s", 0.0, 0.010, 1e-3,
          "device files' host_overhead assumption (1 ms per step, hwmodels/devices/*.yaml)",
-         "per-step time outside the kernels (sampling, scheduling, host syncs)"),
+         "TensorRT-LLM C++ runtime: per-step time outside the kernels (sampling, scheduling, host syncs)"),
     Term("launch_overhead_s", "s", 0.5e-6, 8e-6, 4e-6,
          "device files' launch_overhead assumption (4 us, hwmodels/devices/*.yaml); bounds: a CUDA launch "
          "gap is 1-5 us typically",
-         "per kernel launch in the stream"),
+         "TensorRT-LLM C++ runtime: per kernel launch in the stream"),
+    Term("vllm_v0_step_s", "s", 0.0, 0.020, 4e-3, _VLLM_BLOG,
+         "vLLM V0 engine: host time per step on the critical path (scheduler, sampler, detokeniser)"),
+    Term("vllm_v0_seq_s", "s", 0.0, 1e-3, 1.2e-4, _VLLM_BLOG,
+         "vLLM V0 engine: host time per running sequence per step"),
+    Term("vllm_v1_step_s", "s", 0.0, 0.010, 5e-4,
+         "vLLM V1 engine with async scheduling: the host work of step n+1 overlaps step n (assumed 0.5 ms left)",
+         "vLLM V1 engine: exposed host time per step"),
+    Term("vllm_v1_seq_s", "s", 0.0, 2e-4, 2e-6, "assumption: a few us per sequence left exposed",
+         "vLLM V1 engine: exposed host time per running sequence per step"),
+    Term("runtime_reserve_gb", "GB", 0.0, 12.0, 1.0,
+         "assumption: CUDA context, library workspaces and the activation buffers of max_num_tokens tokens take "
+         "about 1 GB outside the KV pool",
+         "device memory the engine holds outside the weights and the KV pool (capacity-limited rows only)"),
+    Term("attn_prefill_eff", "fraction", 0.3, 1.0, 1.0,
+         "fused profile: prefill attention at the device's matmul curve like a weight GEMM",
+         "prefill (flash-attention forward) q @ K^T and p @ V reach this fraction of the device's matmul rate "
+         "(softmax, masking and the causal tile skew cost more than a GEMM's epilogue)"),
     Term("gemm_eff", "fraction", 0.5, 1.0, 1.0,
          "fused profile: the device's GEMM efficiency curve as is",
          "fraction of the device's GEMM efficiency the engine's weight GEMMs reach (prefill MFU)"),
     Term("fp8_gemm_eff", "fraction", 0.3, 1.0, 1.0,
          "fused profile: FP8 GEMMs at the FP8 peak like any dtype",
          "further fraction reached by FP8 (1-byte) weight GEMMs"),
+    Term("attn_bw_per_head", "fraction of peak bandwidth", 0.3, 1.0, 0.8,
+         "device files' streaming plateau (0.8)",
+         "decode attention, per-head kernel: streaming plateau"),
+    Term("attn_bw_cuda_core", "fraction of peak bandwidth", 0.2, 1.0, 0.8,
+         "device files' streaming plateau (0.8)",
+         "decode attention, grouped CUDA-core kernel: streaming plateau"),
+    Term("attn_bw_tensor_core", "fraction of peak bandwidth", 0.3, 1.0, 0.8,
+         "device files' streaming plateau (0.8)",
+         "decode attention, tensor-core kernel: streaming plateau"),
+    Term("attn_latency_s", "s", 0.5e-6, 60e-6, 0.5e-6,
+         "device files' streaming ramp (0.5 us x bandwidth); bounds: a kernel launch to a split-KV reduction and "
+         "its tail, tens of us at most",
+         "decode attention: fixed time per kernel before it streams at its plateau"),
+    Term("attn_l2_reuse", "fraction", 0.0, 0.95, 0.0,
+         "every re-read from HBM",
+         "per-head kernel on a grouped-query model: share of the g - 1 re-reads of each K/V element served by L2"),
     Term("attn_core_eff", "fraction of fp32 peak", 0.02, 1.0, 1.0,
          "no prior measurement; upper bound 1 = the fp32 CUDA-core peak",
-         "decode-attention FLOP rate per query head (per-head kernel) as a fraction of the device's fp32 peak"),
+         "decode attention on CUDA cores: FLOP rate per query head as a fraction of the fp32 peak"),
+    Term("attn_mmha_core_eff", "fraction of fp32 peak", 0.02, 1.0, 1.0,
+         "no prior measurement; upper bound 1 = the fp32 CUDA-core peak",
+         "TensorRT-LLM's masked multi-head decode kernel: FLOP rate per query head as a fraction of the fp32 peak"),
     Term("attn_fp8_kv_eff", "fraction", 0.3, 1.0, 1.0,
-         "1 = dequantising FP8 KV costs nothing",
-         "decode-attention rate over an FP8 KV cache relative to a 16-bit one"),
+         "1 = converting FP8 KV costs nothing on FP8 units",
+         "CUDA-core decode attention over an FP8 KV cache on a device with FP8 units, relative to 16-bit KV"),
+    Term("fp8_kv_sw_ops", "operations per element", 1.0, 32.0, 8.0,
+         "assumption: e4m3 -> fp16 without FP8 units takes shifts, masks and an add per element (~8 operations); "
+         "not fitted: no training row runs an FP8 KV cache on an A100",
+         "software FP8-KV conversion cost per element read on devices without FP8 units", fitted=False),
 )
 TERM_NAMES = tuple(t.name for t in TERMS)
 TERMS_BY_NAME = {t.name: t for t in TERMS}
+FITTED_TERMS = tuple(t for t in TERMS if t.fitted)
 
 
 def prior_values() -> dict[str, float]:
@@ -111,16 +156,62 @@ def check_values(values: dict, where: str, terms=TERMS) -> dict[str, float]:
     return out
 
 
-def decode_attention_kernel(model) -> str:
-    """'per-head' (multi-head models, sliding-window KV caches) or 'grouped' (other GQA/MQA models)."""
-    if model.n_heads == model.n_kv_heads or getattr(model, "sliding_window", None) is not None:
-        return "per-head"
-    return "grouped"
+@lru_cache(maxsize=None)
+def kernel_table() -> dict:
+    """engine -> {mha, gqa, kv_1byte} decode-attention families (stacks.yaml `kernels`)."""
+    data = yaml.safe_load(STACKS_FILE.read_text())
+    return {k: dict(v) for k, v in data["kernels"].items()}
 
 
-def _adjuster(v: dict):
+@dataclass(frozen=True)
+class Kernels:
+    """Which decode-attention family an engine profile runs: the engine's table, and a stack's overrides
+    (a kernel for every model, or one for sliding-window models)."""
+    engine: str
+    decode_kernel: str | None = None
+    sliding_window_kernel: str | None = None
+
+    def family(self, model, kv_1byte: bool) -> str:
+        if self.decode_kernel is not None:
+            return self.decode_kernel
+        if self.sliding_window_kernel is not None and getattr(model, "sliding_window", None) is not None:
+            return self.sliding_window_kernel
+        table = kernel_table().get(self.engine, kernel_table()["trtllm"])
+        if kv_1byte and table.get("kv_1byte"):
+            return table["kv_1byte"]
+        return table["mha"] if model.n_heads == model.n_kv_heads else table["gqa"]
+
+
+def decode_attention_kernel(model, engine: str = "trtllm", kv_1byte: bool = False) -> str:
+    """The family `engine` runs for `model`'s decode attention (stacks.yaml)."""
+    return Kernels(engine).family(model, kv_1byte)
+
+
+def _attention_rates(ctx, v: dict, family: str, kv_1byte):
+    """(bw_scale, compute_eff) of the decode-attention ops under `family` (arrays over points)."""
+    m, hw = ctx.model, ctx.hw
+    group = m.n_heads / m.n_kv_heads
+    peak_bw = float(hw.memory_bw)
+    rows, q = np.asarray(ctx.rows, float), np.asarray(ctx.new_tokens, float)
+    # the kernel's bytes as the engine sizes it (sim.opcost: the host op and the ops fused into it): K and V,
+    # plus the queries, outputs and new K/V it reads and writes, so the time is monotone in the cache
+    kernel_bytes = 2.0 * rows * m.n_kv_heads * np.asarray(ctx.past_tokens, float) * m.head_dim \
+        * np.asarray(ctx.kvb, float) + 2.0 * rows * q * m.head_dim * np.asarray(ctx.ab, float) \
+        * (m.n_heads + m.n_kv_heads)
+    kernel_bytes = np.maximum(kernel_bytes, 1.0)
+    # the family's streaming efficiency in place of the device curve: bw_scale = eff / device eff, so the
+    # op streams at eff of peak (at most 1: the bandwidth floor holds)
+    eff = np.minimum(attn.stream_eff(family, kernel_bytes, peak_bw, v), 1.0)
+    bw_scale = eff / np.asarray(hw.bw_efficiency(kernel_bytes), float) / attn.reread(family, group, v)
+    fp32 = float(hw.peak_flops("fp32"))
+    act_peak = np.where(np.asarray(ctx.ab, float) >= 4.0, fp32, float(hw.peak_flops("bf16")))
+    factor = attn.fp8_kv_factor(hw, v, family, group, float(hw.peak_flops("bf16")), fp32) \
+        if np.any(kv_1byte) else 1.0
+    return bw_scale, attn.compute_eff(family, group, v, fp32, act_peak, kv_1byte, factor)
+
+
+def _adjuster(v: dict, kernels: Kernels):
     gemm, fp8 = v["gemm_eff"], v["fp8_gemm_eff"]
-    core, fp8_kv = v["attn_core_eff"], v["attn_fp8_kv_eff"]
 
     def adjust_ops(ctx, ops):
         # FP8 GEMMs: the fp8 weight dtype (per point when the points mix dtypes: 1-byte weights)
@@ -128,30 +219,42 @@ def _adjuster(v: dict):
                        else np.asarray(ctx.wb, float) == 1.0)
         gemm_scale = gemm * np.where(fp8_weights, fp8, 1.0)
         decode_attention = ctx.phase == "decode" and ctx.hw is not None and hasattr(ctx.hw, "peak_flops")
+        bw_scale = c_eff = None
         if decode_attention:
-            m = ctx.model
-            group = m.n_heads / m.n_kv_heads
-            # the grouped kernel uses each K/V element for all g query heads of its group
-            reuse = 1.0 if decode_attention_kernel(m) == "per-head" else group
-            fp32 = float(ctx.hw.peak_flops("fp32"))
-            act_peak = np.where(np.asarray(ctx.ab, float) >= 4.0, fp32, float(ctx.hw.peak_flops("bf16")))
-            kv_factor = np.where(np.asarray(ctx.kvb, float) <= 1.0, fp8_kv, 1.0)
-            attn_eff = np.minimum(core * reuse * kv_factor * fp32 / act_peak, 1.0)
+            kv_1byte = np.asarray(ctx.kvb, float) <= 1.0
+            families = {kernels.family(ctx.model, bool(flag)) for flag in np.unique(kv_1byte)}
+            if len(families) == 1:
+                bw_scale, c_eff = _attention_rates(ctx, v, families.pop(), kv_1byte)
+            else:   # points mixing 1- and 2-byte KV run different kernels (a tensor-core kernel's device
+                # curve is taken as its peak there: decode attention never binds on tensor cores)
+                one = _attention_rates(ctx, v, kernels.family(ctx.model, True), kv_1byte)
+                two = _attention_rates(ctx, v, kernels.family(ctx.model, False), kv_1byte)
+                bw_scale = np.where(kv_1byte, one[0], two[0])
+                c_eff = np.where(kv_1byte, 1.0 if one[1] is None else one[1], 1.0 if two[1] is None else two[1])
         for op in ops:
             if op.gemm:
                 op.compute_scale = gemm_scale if np.ndim(gemm_scale) else float(gemm_scale)
+            elif ctx.phase == "prefill" and op.name in ("attn_scores", "attn_v"):
+                op.compute_scale = v["attn_prefill_eff"]
             elif decode_attention and op.name in DECODE_ATTENTION_OPS:
-                op.compute_eff = attn_eff if np.ndim(attn_eff) else float(attn_eff)
+                op.bw_scale = bw_scale if np.ndim(bw_scale) else float(bw_scale)
+                if c_eff is not None:
+                    op.compute_eff = c_eff if np.ndim(c_eff) else float(c_eff)
     return adjust_ops
 
 
-# TensorRT-LLM's PyTorch backend (the 1.0 runtime; trtllm-bench's default): decode steps replay CUDA graphs,
-# so a kernel pays only the GPU-side gap between kernels, not a host launch; and its overlap scheduler
-# prepares step n + 1 on the host while the GPU runs step n, so the per-step host work is hidden. Both
-# are the project's reading of the TensorRT-LLM 1.0 documentation (LLM API defaults: overlap scheduler
-# on; the v1.0 perf-overview configs enable CUDA graphs with padding), not measurements; the gap is an
-# assumption (about 1 us between graph-replayed kernels). The fitted terms stay shared: the same kernels,
-# minus what the runtime hides.
+def _host_per_seq(seconds: float):
+    """extra_decode_ops: the host's per-sequence work of a decode step as an operator row (so breakdowns
+    show it): one 'FLOP' per sequence at a rate of one per `seconds`."""
+    def ops(ctx):
+        peak = float(ctx.hw.peak_flops(ctx.act_dtype)) if ctx.hw is not None and hasattr(ctx.hw, "peak_flops") \
+            else 1.0
+        return [Op("host_per_seq", False, flops=ctx.rows, launches=0.0, compute_eff=1.0 / (seconds * peak))]
+    return ops
+
+
+# CUDA-graph replay (TensorRT-LLM's PyTorch backend, vLLM's decode): a kernel pays only the GPU-side gap
+# between kernels, not a host launch; an assumption (about 1 us between graph-replayed kernels), not fitted.
 PYTORCH_RUNTIME_KERNEL_GAP_S = 1e-6
 _RUNTIME_VARIANTS: dict = {}
 
@@ -176,21 +279,35 @@ FUSED_LAUNCHES = {"embed": 1, "norms": 2, "qkv_proj": 1, "kv_write": 1, "attn_sc
                   "select_evict": 1, "select_topk": 1, "compact": 1}
 
 DESCRIPTIONS = {
-    "trtllm": "NVIDIA TensorRT-LLM (fused kernels as `fused`) with its own fitted step and launch overheads, "
-              "GEMM/FP8 GEMM efficiency and CUDA-core decode attention by GQA group and KV dtype "
-              "(sim/profiles/engines.py; values in sim/engine_profiles/gpu-published-fit.yaml)",
-    "vllm": "vLLM (fused kernels as `fused`) with the same named terms as trtllm; values in "
-            "sim/engine_profiles/gpu-published-fit.yaml (see its provenance: not fitted where the training "
-            "CSV has no single-device vLLM rows)",
+    "trtllm": "NVIDIA TensorRT-LLM's C++ runtime (fused kernels as `fused`; XQA tensor-core decode for GQA, masked "
+              "MHA for MHA) with fitted step and launch overheads, GEMM/FP8 GEMM efficiency and decode-attention "
+              "kernel terms (sim/profiles/engines.py; values in sim/engine_profiles/gpu-published-fit.yaml)",
+    "vllm": "vLLM's V1 engine (fused kernels as `fused`; FlashAttention decode, the paged per-head kernel for FP8 KV) "
+            "with the same fitted kernel terms and its own host terms; values in "
+            "sim/engine_profiles/gpu-published-fit.yaml",
 }
 
 
-def make_profile(engine: str, values: dict, name: str | None = None) -> Profile:
-    """A Profile for `engine` with term values (unregistered: the fit builds many of these)."""
+def make_profile(engine: str, values: dict, name: str | None = None, runtime: str | None = None,
+                 kernels: Kernels | None = None) -> Profile:
+    """A Profile for `engine` under `runtime` (default: the engine's) with term values (unregistered: the fit
+    builds many of these)."""
     v = check_values(values, f"profile {name or engine}")
-    return Profile(name=name or engine, description=DESCRIPTIONS.get(engine, engine), launches=FUSED_LAUNCHES,
-                   host_overhead_s=v["step_overhead_s"], launch_overhead_s=v["launch_overhead_s"],
-                   adjust_ops=_adjuster(v))
+    runtime = runtime or DEFAULT_RUNTIME.get(engine, "classic")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; runtimes: {', '.join(RUNTIMES)}")
+    kernels = kernels or Kernels(engine)
+    host, launch, per_seq = v["step_overhead_s"], v["launch_overhead_s"], 0.0
+    if runtime in ("vllm-v0", "vllm-v1"):
+        key = runtime.replace("-", "_")
+        host, launch, per_seq = v[f"{key}_step_s"], PYTORCH_RUNTIME_KERNEL_GAP_S, v[f"{key}_seq_s"]
+    description = DESCRIPTIONS.get(engine, engine) + ("" if runtime == DEFAULT_RUNTIME.get(engine) else
+                                                      f"; runtime {runtime}")
+    profile = Profile(name=name or engine, description=description, launches=FUSED_LAUNCHES,
+                      host_overhead_s=host, launch_overhead_s=launch, adjust_ops=_adjuster(v, kernels),
+                      extra_decode_ops=_host_per_seq(per_seq) if per_seq > 0 else None, engine=engine,
+                      terms=tuple(sorted(v.items())))
+    return pytorch_runtime(profile) if runtime == "pytorch" else profile
 
 
 def read_fit_file(path: Path | str = FIT_FILE) -> dict:
@@ -207,34 +324,26 @@ def engine_values(data: dict, engine: str, path="engine profile file") -> dict[s
     return check_values(entry["terms"], f"{path}: {engine}")
 
 
-def register_from_file(path: Path | str = FIT_FILE) -> list[str]:
-    """Register every engine profile the fit file has; the names registered."""
-    data = read_fit_file(path)
-    names = []
-    for engine in ENGINES:
-        if engine in data["engines"]:
-            register_profile(make_profile(engine, engine_values(data, engine, path)))
-            names.append(engine)
-    return names
+def _file_values(engine: str) -> dict[str, float] | None:
+    """The fit file's values for `engine` (priors before the first fit); None: the file has no such engine."""
+    if not FIT_FILE.is_file():
+        return prior_values()
+    data = read_fit_file(FIT_FILE)
+    if engine not in data["engines"]:
+        return None
+    return engine_values(data, engine, FIT_FILE)
+
+
+def register_engine(engine: str, name: str | None = None, runtime: str | None = None) -> Profile | None:
+    """Register `engine`'s profile (as `name`, under `runtime`) with the fit file's values; before the first
+    fit (no file), with the priors, so the name exists. None: the file has no such engine."""
+    values = _file_values(engine)
+    if values is None:
+        return PROFILES.get(name or engine)
+    profile = make_profile(engine, values, runtime=runtime)
+    return register_profile(dataclasses.replace(profile, name=name or engine))
 
 
 def register_pytorch_runtime() -> Profile | None:
     """`trtllm-pytorch`: the trtllm profile (the fit file's terms) under the PyTorch-backend runtime."""
-    base = PROFILES.get("trtllm") or register_engine("trtllm")
-    if base is None:
-        return None
-    variant = pytorch_runtime(base)
-    return register_profile(dataclasses.replace(variant, name="trtllm-pytorch"))
-
-
-def register_engine(engine: str) -> Profile | None:
-    """Register `engine`'s profile with the fit file's values; before the first fit (no file), with the
-    priors, so the name exists (sim.fit_profiles writes the file). None: the file has no such engine."""
-    if FIT_FILE.is_file():
-        data = read_fit_file(FIT_FILE)
-        if engine not in data["engines"]:
-            return PROFILES.get(engine)
-        return register_profile(make_profile(engine, engine_values(data, engine, FIT_FILE)))
-    if engine not in PROFILES:
-        register_profile(make_profile(engine, prior_values()))
-    return PROFILES[engine]
+    return register_engine("trtllm", name="trtllm-pytorch", runtime="pytorch")

@@ -40,7 +40,7 @@ def rows(csv=None) -> list[dict]:
         notes = r.notes
         # in-flight batching at maximum load ("dynamic"): the steady-state batch of the TP group's KV pool,
         # predicted as that fixed batch (its prefill and decode steps; published_gpu's steady state)
-        batch = r.batch if r.batch is not None else pg.steady_state_batch(r)
+        batch = r.batch if r.batch is not None else int(pg.steady_state_batch(r))
         label = f"b{r.batch}" if r.batch is not None else f"dyn(b{batch})"
         base = dict(id=f"{r.source}/{r.hw}x{r.tp}/{r.model}/{label}/{r.prompt}+{r.gen}", source=r.source,
                     hw=r.hw, model=r.model, model_label=r.model_label, tp=r.tp, batch=batch, prompt=r.prompt,

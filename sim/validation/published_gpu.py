@@ -1,279 +1,72 @@
-"""Published GPU measurements (vendors' tables) as fit and validation rows for the engine profiles.
-
-The CSV (default `../shared/data/gpu-published-train.csv` next to the repository, or `KVSIM_DATA`;
-its README gives the sources) holds one measured number per row: source, hw, model, stack, dtypes,
-tp, batch, prompt, gen, metric, value. This module maps a row onto the simulator's names, says which
-rows the single-device fit covers (tp = 1; multi-GPU rows are predicted as held-out rows by
-sim.validation.multigpu through sim.parallel), assigns each row one regime, and predicts its metric under
-a profile.
+"""Published GPU measurements as fit and validation rows for the engine profiles: each row predicted as it was
+measured. The rows are read by sim.validation.published_rows (re-exported here).
 
 Metrics:
   out_tok_per_s  fixed batch: batch x gen / end-to-end time of the whole batch (engine.evaluate's
-                 tokens_per_s). batch "dynamic" (in-flight batching at maximum load): the steady state
-                 below.
-  ttft_ms        prefill of the batch, first token (engine ttft_s).
+                 tokens_per_s); in-flight batching: the steady state below.
+  ttft_ms        prefill of the batch, first token (engine ttft_s); at a request rate: below.
   e2e_latency_s  whole-batch end-to-end time.
-  tpot_ms        mean time per output token of the fixed batch (itl_ms: the same).
-Other units and per-GPU figures are converted on load (METRIC_CONVERSIONS: ttft_s, tpot_s, itl_s,
-e2e_latency_ms, out_tok_per_s_per_gpu times tp), the published value kept in the row's notes.
+  tpot_ms        mean time per output token (itl_ms, median_itl_ms and avg_tpot_s read as it).
+  speedup_fp8_vs_fp16  end-to-end time with 16-bit weights and KV over the time with FP8 ones.
 
-Steady state of in-flight batching at saturation (TensorRT-LLM's trtllm-bench at infinite request
-rate): the scheduler admits requests while their whole reservation fits the KV pool
-(GUARANTEED_NO_EVICT, TensorRT-LLM's default capacity policy, reserves prompt + gen tokens), the pool is
-KV_POOL_FRACTION of the memory left after the weights (KvCacheConfig.free_gpu_memory_fraction default
-0.9), at most MAX_BATCH_SIZE requests run at once. B requests of n + T tokens then cost, per
-generation of B requests, T decode steps at batch B over the mean held context n + T/2 plus B prompt
-prefills packed into steps of at most MAX_NUM_TOKENS tokens.
+How each batch kind runs (published_rows.batch_of says how cells read):
+  static       the fixed batch through the engine (prefill and decode steps).
+  dynamic      in-flight batching at saturation: the scheduler admits requests while their whole
+               reservation fits the KV pool (TensorRT-LLM's GUARANTEED_NO_EVICT reserves prompt + gen
+               tokens); the pool is KV_POOL_FRACTION of the memory left after the weights; at most
+               MAX_BATCH_SIZE requests at once. B requests of n + T tokens then cost, per generation of B
+               requests, T decode steps at batch B over the mean held context n + T/2 plus B prompt prefills
+               packed into steps of at most MAX_NUM_TOKENS tokens (steady_state).
+  max-seqs     a saturated server capped at N sequences: the same steady state at B = min(N, what the KV pool
+               holds at the mean context n + T/2: vLLM allocates blocks as tokens arrive, no reservation).
+  max-static   a fixed batch as large as the KV pool holds for prompt + gen tokens each.
+  qps          an open-loop rate q below saturation (Little's law): L = q (TTFT + (T - 1) ITL) requests in
+               flight; each decode step is one step at batch L, stretched by the share q * t_prefill of time
+               the engine spends prefilling newcomers; TTFT = one request's prefill plus half a decode step
+               (it waits for the step in flight). QPS INF (all at once) is the dynamic steady state.
 """
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import re
-from dataclasses import dataclass
-from pathlib import Path
+from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 
-from hwmodels.skus import resolve_sku
-from kvcommon.dtypes import canonical_dtype, dtype_name
 from sim import engine
-from sim.model_names import resolve_name
 from sim.profiles import get_profile
-from sim.profiles.engines import pytorch_runtime
+from sim.profiles.engines import Kernels, make_profile, pytorch_runtime
+from sim.validation.published_rows import (BATCH_KINDS, CSV_NAME, CSV_NAMES, COLUMNS, METRICS, REGIMES,  # noqa: F401
+                                           REPO_ROOT, Row, batch_of, classify_stack, data_dir, default_csv,
+                                           default_csvs, display_path, file_sha256, in_scope, load_rows,
+                                           regime_of)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CSV_NAME = "gpu-published-train.csv"
-COLUMNS = ("source", "hw", "model", "stack", "weight_dtype", "kv_dtype", "tp", "batch", "prompt", "gen", "metric",
-           "value", "notes")
-OPTIONAL_COLUMNS = ("notes",)
-# batch column words for in-flight batching at maximum load (the steady state below) instead of a fixed batch
-DYNAMIC_BATCH_WORDS = ("dynamic", "ifb", "inflight", "in-flight", "max", "max-load")
-METRICS = ("out_tok_per_s", "ttft_ms", "e2e_latency_s", "tpot_ms")
-# other spellings of the same metrics (units included: a name without its unit is not guessed)
-METRIC_ALIASES = {"itl_ms": "tpot_ms", "output_tok_per_s": "out_tok_per_s", "out_tokens_per_s": "out_tok_per_s",
-                  "output_tokens_per_s": "out_tok_per_s"}
-# metrics in another unit or per GPU, read as a METRICS one: name -> (metric, factor, times tp); the row keeps
-# the published value in its notes
-METRIC_CONVERSIONS = {"ttft_s": ("ttft_ms", 1e3, False), "tpot_s": ("tpot_ms", 1e3, False),
-                      "itl_s": ("tpot_ms", 1e3, False), "e2e_latency_ms": ("e2e_latency_s", 1e-3, False),
-                      "out_tok_per_s_per_gpu": ("out_tok_per_s", 1.0, True),
-                      "output_tok_per_s_per_gpu": ("out_tok_per_s", 1.0, True),
-                      "out_tokens_per_s_per_gpu": ("out_tok_per_s", 1.0, True)}
-REGIMES = ("batch-1", "large-batch-decode", "gqa-large-batch", "prefill-ttft", "long-context")
-
-# Published SKU names -> hardware files: hwmodels/sku-names.yaml (hwmodels.skus; the A100 of TRT090 is taken
-# to be the SXM 80 GB part, as the CSV's README says: "assumed"). HF / published model names -> shipped specs:
-# sim/models/names.yaml (sim.model_names; nvidia/Llama-3.1-8B-Instruct-FP8 is llama-3.1-8b).
-# TensorRT-LLM defaults for the steady state (see the module docstring), as its documentation states them
-# (KvCacheConfig free_gpu_memory_fraction = 0.9, capacity_scheduler_policy GUARANTEED_NO_EVICT;
-# BuildConfig max_batch_size = 2048, max_num_tokens = 8192); the project's reading of the TensorRT-LLM
-# docs, not re-checked against the 1.0 release the TRT10 rows used (trtllm-bench may tune them per run).
+# TensorRT-LLM defaults for the steady state, as its documentation states them (KvCacheConfig
+# free_gpu_memory_fraction = 0.9, capacity_scheduler_policy GUARANTEED_NO_EVICT; BuildConfig max_batch_size =
+# 2048, max_num_tokens = 8192); vLLM's gpu_memory_utilization default is 0.9 too and its
+# max-num-batched-tokens 8192 in the rows that state it. The project's reading of the docs, not re-checked
+# against each release (trtllm-bench may tune them per run).
 KV_POOL_FRACTION = 0.9
 MAX_BATCH_SIZE = 2048
 MAX_NUM_TOKENS = 8192
+LITTLE_ITERATIONS = 12
 
 
-def data_dir() -> Path:
-    """KVSIM_DATA, else `../shared/data` next to the repository (never one machine's path)."""
-    env = os.environ.get("KVSIM_DATA")
-    return Path(env).expanduser().resolve() if env else (REPO_ROOT.parent / "shared" / "data").resolve()
+def _kw(row: Row) -> dict:
+    return dict(weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype, policy="full")
 
 
-def default_csv() -> Path:
-    return data_dir() / CSV_NAME
+def _static_out(row: Row, profile, batch: int, weight_dtype=None, kv_dtype=None) -> dict:
+    return engine.evaluate(row.hw, row.model, "full", batch=batch, prompt=row.prompt, gen=row.gen,
+                           kv_dtype=kv_dtype or row.kv_dtype, weight_dtype=weight_dtype or row.weight_dtype,
+                           profile=profile, with_capacity=False)
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def display_path(path: Path) -> str:
-    """Relative to the repository when inside it, `../...` when next to it (`../shared/data/...`), else as
-    given: reports and profile files never name one machine's paths."""
-    path = Path(path).resolve()
-    for base, prefix in ((REPO_ROOT, Path()), (REPO_ROOT.parent, Path(".."))):
-        try:
-            return str(prefix / path.relative_to(base))
-        except ValueError:
-            continue
-    return str(path)
-
-
-@dataclass(frozen=True)
-class Row:
-    index: int              # line in the CSV (1 = first data row)
-    source: str
-    hw_label: str
-    model_label: str
-    stack: str
-    engine: str | None      # the profile of its stack: "trtllm" | "vllm" (None: no profile for it)
-    hw: str | None          # hardware file, None when none is shipped
-    model: str | None
-    weight_dtype: str
-    kv_dtype: str
-    tp: int
-    batch: int | None       # None: in-flight batching at maximum load ("dynamic")
-    prompt: int
-    gen: int
-    metric: str
-    value: float
-    regime: str
-    scope: str              # "single-device" or why the row is out of scope
-    notes: str = ""
-    # kvsim has all it needs to predict the row (metric, dtypes, profile, hardware file, spec): only tp > 1
-    # keeps such a row out of the single-device fit (sim.validation.multigpu predicts it)
-    predictable: bool = True
-
-    @property
-    def runtime(self) -> str:
-        """'pytorch' for TensorRT-LLM's PyTorch backend (CUDA graphs, overlap scheduler), else 'classic'."""
-        return "pytorch" if self.engine == "trtllm" and "pytorch backend" in self.stack.lower() else "classic"
-
-    @property
-    def id(self) -> str:
-        b = "dyn" if self.batch is None else f"b{self.batch}"
-        return f"{self.source}/{self.hw}/{self.model}/{b}/{self.prompt}+{self.gen}/{self.metric}"
-
-
-# The stacks each engine profile stands for (a stack column containing one of these words, case-insensitive).
-# NIM runs TensorRT-LLM profiles; a stack none names (SGLang, DeepSpeed-FastGen, ...) has no profile of its own
-# and its rows are not predicted under another stack's terms.
-STACK_WORDS = ((r"\bvllm\b", "vllm"), (r"\btensorrt", "trtllm"), (r"\btrt-?llm\b", "trtllm"), (r"\bnim\b", "trtllm"))
-
-
-def _engine(stack: str) -> str | None:
-    """The profile of the stack that ran (STACK_WORDS), None when no profile stands for it."""
-    text = stack.lower()
-    return next((engine_name for word, engine_name in STACK_WORDS if re.search(word, text)), None)
-
-
-def _dtype(text: str) -> str:
-    return text.split()[0].strip().lower() if text.strip() else ""
-
-
-# An integer cell as tables print it: "2,048", "1 (concurrency)", "TP8", "tp=2", "x8", "8x".
-_INT_CELL = re.compile(r"^(?:tp\s*=?\s*|x\s*)?(-?\d{1,3}(?:,\d{3})+|-?\d+)(?:\s*x)?(?:\s|\(|$)", re.IGNORECASE)
-
-
-def _int(text: str, what: str, where: str) -> int:
-    match = _INT_CELL.match(text.strip())
-    if match is None:
-        raise ValueError(f"{where}: {what} {text!r} is not an integer")
-    return int(match.group(1).replace(",", ""))
-
-
-def regime_of(metric: str, batch: int | None, prompt: int, gen: int, gqa: bool) -> str:
-    """One regime per row, first match wins:
-    prefill-ttft (TTFT of a prompt >= 1024, or a throughput or end-to-end row of >= 1024-token prompts and
-    <= 128 generated tokens: prefill-bound; a time-per-token row is decode whatever its prompt),
-    long-context (prompt + gen >= 4096), batch-1, gqa-large-batch
-    (grouped-query model), large-batch-decode."""
-    if (metric == "ttft_ms" and prompt >= 1024) or (metric in ("out_tok_per_s", "e2e_latency_s") and prompt >= 1024
-                                                     and gen <= 128):
-        return "prefill-ttft"
-    if prompt + gen >= 4096:
-        return "long-context"
-    if batch == 1:
-        return "batch-1"
-    return "gqa-large-batch" if gqa else "large-batch-decode"
-
-
-def load_rows(path: Path | str | None = None) -> list[Row]:
-    """All rows of the CSV (in scope or not); one-line errors naming the file and row."""
-    path = Path(path) if path is not None else default_csv()
-    if not path.is_file():
-        raise FileNotFoundError(f"published GPU measurements {path} not found (set KVSIM_DATA or pass --csv)")
-    try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")   # a spreadsheet's BOM
-    except pd.errors.EmptyDataError:
-        raise ValueError(f"{path}: empty file (no header row; columns: {', '.join(COLUMNS)})") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
-    # headers as people type them: "Weight dtype", " KV_dtype", "TP" are weight_dtype, kv_dtype, tp
-    table.columns = [re.sub(r"[\s-]+", "_", str(c).strip().lower()) for c in table.columns]
-    missing = [c for c in COLUMNS if c not in table.columns and c not in OPTIONAL_COLUMNS]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}")
-    if not len(table):
-        raise ValueError(f"{path}: no rows")
-    from sim.models import load_model
-    rows = []
-    for i, r in enumerate(table.to_dict("records"), start=1):
-        where = f"{path.name} row {i}"
-        metric = METRIC_ALIASES.get(r["metric"].strip().lower(), r["metric"].strip().lower())
-        try:
-            value = float(r["value"].replace(",", "").strip())     # "8,950" as tables print it
-        except ValueError:
-            raise ValueError(f"{where}: value {r['value']!r} is not a number") from None
-        if not value > 0:
-            raise ValueError(f"{where}: value must be positive, got {value:g}")
-        tp = _int(r["tp"], "tp", where)
-        notes = str(r.get("notes", "")).strip()
-        if metric in METRIC_CONVERSIONS:
-            published = f"published as {r['metric'].strip()} = {r['value'].strip()}"
-            metric, factor, per_gpu = METRIC_CONVERSIONS[metric]
-            value *= factor * (tp if per_gpu and tp > 0 else 1)
-            notes = f"{published}; {notes}" if notes else published
-        dynamic = r["batch"].strip().lower().split(" ")[0] in DYNAMIC_BATCH_WORDS
-        batch = None if dynamic else _int(r["batch"], "batch", where)
-        prompt, gen = _int(r["prompt"], "prompt", where), _int(r["gen"], "gen", where)
-        for what, n in (("tp", tp), ("batch", batch), ("prompt", prompt), ("gen", gen)):
-            if n is not None and n <= 0:
-                raise ValueError(f"{where}: {what} must be a positive integer, got {n}")
-        hw, hw_why = resolve_sku(r["hw"])
-        resolved = resolve_name(r["model"])
-        model = resolved.spec
-        gqa = model is not None and load_model(model).attention != "MHA"
-        dtypes, bad_dtype = {}, None
-        for what in ("weight_dtype", "kv_dtype"):
-            dtypes[what] = dtype_name(_dtype(r[what]))
-            try:
-                canonical_dtype(dtypes[what])
-            except ValueError as exc:
-                bad_dtype = bad_dtype or f"{exc} ({what} column)"
-        engine_name = _engine(r["stack"])
-        missing = None                      # the first thing kvsim lacks to predict the row
-        if metric not in METRICS:
-            missing = f"metric {r['metric'].strip()!r} is not one kvsim predicts ({', '.join(METRICS)})"
-        elif batch is None and metric != "out_tok_per_s":
-            missing = f"in-flight batching rows are predicted as out_tok_per_s only, not {metric}"
-        elif bad_dtype:
-            missing = bad_dtype
-        elif engine_name is None:
-            missing = (f"no engine profile for stack {r['stack'].strip()!r} (TensorRT-LLM and NIM rows: trtllm, vLLM "
-                       "rows: vllm)")
-        elif hw is None:
-            missing = f"{r['hw'].strip()!r}: {hw_why}"
-        elif model is None:
-            missing = resolved.reason
-        if missing is not None:
-            scope = missing
-        elif tp != 1:
-            scope = f"tp={tp}: multi-GPU, not in the single-device fit (sim.validation.multigpu predicts it)"
-        else:
-            scope = "single-device"
-        rows.append(Row(index=i, source=r["source"].strip(), hw_label=r["hw"].strip(), model_label=r["model"].strip(),
-                        stack=r["stack"].strip(), engine=engine_name, hw=hw, model=model,
-                        weight_dtype=dtypes["weight_dtype"], kv_dtype=dtypes["kv_dtype"], tp=tp, batch=batch,
-                        prompt=prompt, gen=gen, metric=metric, value=value,
-                        regime=regime_of(metric, batch, prompt, gen, gqa), scope=scope,
-                        notes=notes, predictable=missing is None))
-    return rows
-
-
-def in_scope(rows: list[Row], engine_name: str | None = None) -> list[Row]:
-    return [r for r in rows if r.scope == "single-device" and (engine_name is None or r.engine == engine_name)]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Predictions
-
-def _static(row: Row, profile) -> float:
-    out = engine.evaluate(row.hw, row.model, "full", batch=row.batch, prompt=row.prompt, gen=row.gen,
-                          kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype, profile=profile, with_capacity=False)
+def _static(row: Row, profile, batch: int) -> float:
+    if row.metric == "speedup_fp8_vs_fp16":
+        slow = _static_out(row, profile, batch, "fp16", "fp16" if row.kv_dtype == "fp8" else row.kv_dtype)
+        fast = _static_out(row, profile, batch, "fp8", row.kv_dtype)
+        return float(slow["e2e_s"][0]) / float(fast["e2e_s"][0])
+    out = _static_out(row, profile, batch)
     if row.metric == "ttft_ms":
         return float(out["ttft_s"][0]) * 1e3
     if row.metric == "e2e_latency_s":
@@ -283,49 +76,113 @@ def _static(row: Row, profile) -> float:
     return float(out["tokens_per_s"][0])
 
 
-def steady_state_batch(row: Row) -> int:
-    """Requests in flight at saturation: the KV pool over each request's reservation (prompt + gen). With
-    tensor parallelism (row.tp devices) the pool is the devices' memory less the weights, and each KV head
-    is stored as often as the TP group replicates it (fewer KV heads than ranks)."""
+@lru_cache(maxsize=None)
+def _memory(row: Row) -> tuple[float, float, float]:
+    """(device bytes of the TP group, weight bytes, KV bytes per token, each KV head stored as often as the TP
+    group replicates it)."""
     from sim.models import load_model
     from sim.parallel.shard import kv_replication
     m = load_model(row.model)
     device = engine.resolve_device(row.hw)
-    pool = KV_POOL_FRACTION * (row.tp * float(device.memory_bytes) - m.weight_bytes(row.weight_dtype))
-    per_request = m.kv_bytes_per_token(row.kv_dtype) * kv_replication(m.n_kv_heads, row.tp) * (row.prompt + row.gen)
-    return int(max(min(MAX_BATCH_SIZE, math.floor(pool / per_request)), 1))
+    return (row.tp * float(device.memory_bytes), m.weight_bytes(row.weight_dtype),
+            m.kv_bytes_per_token(row.kv_dtype) * kv_replication(m.n_kv_heads, row.tp))
+
+
+def _pool_tokens(row: Row, profile=None) -> float:
+    """KV tokens the pool holds: KV_POOL_FRACTION of the memory left after the weights and the engine's own
+    reserve (an engine profile's runtime_reserve_gb per device; none for the others)."""
+    total, weights, per_token = _memory(row)
+    terms = dict(getattr(profile, "terms", None) or ())
+    reserve = row.tp * terms.get("runtime_reserve_gb", 0.0) * 1e9
+    return max(KV_POOL_FRACTION * (total - weights - reserve), 0.0) / per_token
+
+
+def steady_state_batch(row: Row, profile=None) -> float:
+    """Requests in flight at saturation with every request reserving prompt + gen tokens (TensorRT-LLM's
+    GUARANTEED_NO_EVICT), at most MAX_BATCH_SIZE; at least 1. Not rounded: predictions interpolate between
+    the two whole batches around it (`_between`), the time average of a batch that alternates between them."""
+    return max(min(float(MAX_BATCH_SIZE), _pool_tokens(row, profile) / (row.prompt + row.gen)), 1.0)
+
+
+def capped_batch(row: Row, profile=None) -> float:
+    """A max-seqs row's batch: its cap, or what the pool holds at the mean held context (no reservation)."""
+    return max(min(float(row.batch), _pool_tokens(row, profile) / (row.prompt + row.gen / 2.0)), 1.0)
+
+
+def _between(batch: float, value) -> float:
+    """value(b) at a fractional batch: linear between floor and ceil."""
+    lo = math.floor(batch)
+    if batch - lo < 1e-9:
+        return value(int(lo))
+    w = batch - lo
+    return (1.0 - w) * value(int(lo)) + w * value(int(lo) + 1)
 
 
 def _prefill_per_request(row: Row, profile) -> float:
-    """Prefill time per request with prompts packed into steps of at most MAX_NUM_TOKENS tokens."""
-    kw = dict(weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype, policy="full", profile=profile)
+    """Prefill time per request with prompts packed into steps of at most MAX_NUM_TOKENS tokens (one ragged
+    batch per step, engine.packed_prefill_time); a longer prompt in MAX_NUM_TOKENS chunks."""
+    kw = dict(_kw(row), profile=profile)
     n = row.prompt
     if n <= MAX_NUM_TOKENS:
         per_step = max(MAX_NUM_TOKENS // n, 1)
-        return engine.prefill_time(row.hw, row.model, [(n, 0)] * per_step, **kw) / per_step
+        return engine.packed_prefill_time(row.hw, row.model, per_step, n, **kw) / per_step
     total, done = 0.0, 0
     while done < n:
         chunk = min(MAX_NUM_TOKENS, n - done)
-        total += engine.prefill_time(row.hw, row.model, [(chunk, done, done + chunk >= n)], **kw)
+        total += engine.packed_prefill_time(row.hw, row.model, 1, chunk, done, completes_prompt=done + chunk >= n,
+                                            **kw)
         done += chunk
     return total
 
 
-def _dynamic(row: Row, profile) -> float:
-    b = steady_state_batch(row)
-    decode = engine.decode_step_time(row.hw, row.model, np.full(b, row.prompt + row.gen / 2.0),
-                                     weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype, policy="full",
-                                     profile=profile)
-    period = row.gen * decode + b * _prefill_per_request(row, profile)
-    if row.metric != "out_tok_per_s":
-        raise ValueError(f"row {row.index}: in-flight batching rows support out_tok_per_s only")
-    return b * row.gen / period
+def _decode(row: Row, profile, batch: float) -> float:
+    b = max(int(round(batch)), 1)
+    return engine.decode_step_time(row.hw, row.model, np.full(b, row.prompt + row.gen / 2.0), profile=profile,
+                                   **_kw(row))
+
+
+def steady_state(row: Row, profile, batch: int) -> tuple[float, float]:
+    """(output tokens/s, seconds per output token) of `batch` requests kept in flight: per generation of
+    `batch` requests, gen decode steps plus `batch` prefills."""
+    period = row.gen * _decode(row, profile, batch) + batch * _prefill_per_request(row, profile)
+    return batch * row.gen / period, period / row.gen
+
+
+def _rate(row: Row, profile) -> float:
+    """A request-rate row below saturation (module docstring)."""
+    prefill = _prefill_per_request(row, profile)
+    busy = min(row.qps * prefill, 0.9)          # share of time spent prefilling newcomers
+    in_flight, itl = 1.0, _decode(row, profile, 1)
+    for _ in range(LITTLE_ITERATIONS):
+        ttft = prefill + itl / 2.0
+        in_flight = max(row.qps * (ttft + (row.gen - 1) * itl), 1.0)
+        itl = _decode(row, profile, in_flight) / (1.0 - busy)
+    return (prefill + itl / 2.0) * 1e3 if row.metric == "ttft_ms" else itl * 1e3
+
+
+_ROW_PROFILES: dict = {}
+
+
+def row_profile(row: Row, profile):
+    """`profile` (a name or a Profile) as the row's stack runs it: an engine profile's terms under the row's
+    runtime (classic, pytorch, vllm-v0, vllm-v1) and decode kernels (stacks.yaml); fused and the eager
+    profiles as named."""
+    resolved = get_profile(profile)
+    if resolved.terms is None:
+        return resolved
+    kernels = Kernels(row.engine or resolved.engine, row.decode_kernel, row.sliding_window_kernel)
+    key = (resolved.terms, row.engine, row.runtime, kernels)
+    hit = _ROW_PROFILES.get(key)
+    if hit is None:
+        if len(_ROW_PROFILES) > 4096:
+            _ROW_PROFILES.clear()
+        hit = _ROW_PROFILES[key] = make_profile(row.engine or resolved.engine, dict(resolved.terms),
+                                                name=resolved.name, runtime=row.runtime, kernels=kernels)
+    return hit
 
 
 def runtime_profile(runtime: str, profile):
-    """`profile` (a name or a Profile) as the row's runtime runs it: under TensorRT-LLM's PyTorch backend
-    (Row.runtime "pytorch") an engine profile hides launches and host work; fused and the eager profiles,
-    and every profile under the classic runtime, as named."""
+    """`profile` under a runtime by name (sim.validation.multigpu): pytorch hides launches and host work."""
     if runtime != "pytorch":
         return profile
     resolved = get_profile(profile)
@@ -333,13 +190,40 @@ def runtime_profile(runtime: str, profile):
 
 
 def predict_row(row: Row, profile) -> float:
-    """The simulator's value of the row's metric under `profile` (a name or a Profile), run under the row's
-    runtime (runtime_profile)."""
+    """The simulator's value of the row's metric under `profile` (a name or a Profile), as the row's stack
+    runs it (row_profile) and as it was measured (its batch kind)."""
     if row.scope != "single-device":
         raise ValueError(f"row {row.index} ({row.id}) is out of scope: {row.scope}")
-    profile = runtime_profile(row.runtime, profile)
-    return _dynamic(row, profile) if row.batch is None else _static(row, profile)
+    profile = row_profile(row, profile)
+    kind = row.batch_kind
+    if kind == "static":
+        return _static(row, profile, row.batch)
+    if kind == "max-static":
+        return _between(steady_state_batch(row, profile), lambda b: _static(row, profile, b))
+    if kind == "qps" and not math.isinf(row.qps):
+        return _rate(row, profile)
+    batch = capped_batch(row, profile) if kind == "max-seqs" else steady_state_batch(row, profile)
+    pick = 0 if row.metric == "out_tok_per_s" else 1
+    scale = 1.0 if pick == 0 else 1e3
+    return _between(batch, lambda b: steady_state(row, profile, b)[pick] * scale)
 
 
 def error_pct(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured * 100.0
+
+
+DES_REQUESTS = 500       # the TRT014S runs' request count
+
+
+def des_rate(row: Row, profile, requests: int = DES_REQUESTS, seed: int = 0) -> float:
+    """A request-rate row through the DES (sim.des: Poisson arrivals at the row's rate, its lengths, prompts
+    packed into steps of MAX_NUM_TOKENS, reserve admission as TensorRT-LLM's GUARANTEED_NO_EVICT): the mean TTFT
+    or time per output token in ms. The report's check of the Little's-law steady state `predict_row` uses."""
+    from sim.des.serving import simulate
+    if row.batch_kind != "qps" or math.isinf(row.qps):
+        raise ValueError(f"row {row.index} ({row.id}) is not a request-rate row")
+    res = simulate(row.hw, row.model, "full", 1.0, qps=row.qps, requests=requests, prompt=row.prompt, gen=row.gen,
+                   seed=seed, kv_dtype=row.kv_dtype, weight_dtype=row.weight_dtype,
+                   profile=row_profile(row, profile), max_step_tokens=MAX_NUM_TOKENS, admission="reserve")
+    stats = res.ttft_s if row.metric == "ttft_ms" else res.tpot_s
+    return float(stats["mean"]) * 1e3

@@ -2,9 +2,10 @@
 
 Every single-device row of the published CSV (sim/validation/published_gpu.py) is predicted twice on
 the engine as it is now: with the terms of the shipped profile file (in-sample: those terms were fitted
-to these rows) and with the terms fitted without the row's source (leave-one-source-out, LOSO: the
-file keeps one set of terms per source). LOSO beside in-sample shows over-fitting; the targets are
-stated on LOSO. The file's own predictions are compared with today's: when the engine's op costs have
+to these rows) and with the terms fitted without the row's source family (leave-one-source-family-out,
+"LOSO" in the tables: the file keeps one set of terms per family, sim/validation/sources.yaml). LOSO beside
+in-sample shows over-fitting; the targets are stated on LOSO, and the fitted profile's LOSO error is set
+beside the ideal-kernel profile's (`fused`, never fitted) on the same rows. The file's own predictions are compared with today's: when the engine's op costs have
 moved since the fit, the section says so (re-run `python -m sim.fit_profiles`).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ GPU_RUN_NOTE = ("No GPU run entered this report: no GPU was lent to this session
                 "`workflows/gpu/` holds the script to run when one is.")
 
 
-TABLE_COLUMNS = ("id", "source", "engine", "regime", "hw", "model", "metric", "batch", "prompt", "gen", "measured",
+TABLE_COLUMNS = ("id", "source", "family", "engine", "regime", "hw", "model", "metric", "batch", "prompt", "gen", "measured",
                  "trained", "predicted", "error_pct", "loso", "loso_error_pct", "fused_error_pct", "moved_pct")
 
 
@@ -55,13 +56,14 @@ def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
     folds = data["engines"].get("trtllm", {}).get("loso_folds") or {}
     fold_profiles = {s: pe.make_profile("trtllm", pe.check_values(v, f"{fit_file}: loso fold {s}"),
                                         name=f"trtllm-loso-{s}") for s, v in folds.items()}
-    stored = {p["id"]: p for p in data.get("predictions", [])}
+    stored = {(p.get("csv"), p.get("row")): p for p in data.get("predictions", [])}
     rows = pg.load_rows(csv)
     scoped = [r for r in pg.in_scope(rows) if r.engine in profiles]
     out, unpredictable = [], []
     for r in scoped:
-        trained = r.id in stored and r.engine == "trtllm"
-        fold = fold_profiles.get(r.source) if trained else None
+        key = (r.csv, r.index)
+        trained = key in stored and stored[key]["id"] == r.id
+        fold = fold_profiles.get(r.family) if trained else None
         try:
             pred = pg.predict_row(r, profiles[r.engine])
             loso = pg.predict_row(r, fold) if fold is not None else pred
@@ -69,9 +71,10 @@ def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         except ValueError as exc:                      # e.g. a held-out row whose point the engine refuses
             unpredictable.append(replace(r, scope=f"not predicted: {exc}"))
             continue
-        then = stored.get(r.id, {}).get("in_sample") if trained else None
-        out.append(dict(id=r.id, source=r.source, engine=r.engine, regime=r.regime, hw=r.hw, model=r.model,
-                        metric=r.metric, batch="dynamic" if r.batch is None else r.batch, prompt=r.prompt, gen=r.gen,
+        then = stored.get(key, {}).get("in_sample") if trained else None
+        out.append(dict(id=r.id, source=r.source, family=r.family, engine=r.engine, regime=r.regime, hw=r.hw, model=r.model,
+                        metric=r.metric, batch=r.batch_kind if r.batch_kind != "static" else r.batch,
+                        prompt=r.prompt, gen=r.gen,
                         measured=r.value, trained=trained, predicted=pred, error_pct=pg.error_pct(pred, r.value),
                         loso=loso, loso_error_pct=pg.error_pct(loso, r.value),
                         fused_error_pct=pg.error_pct(fused, r.value),
@@ -85,28 +88,30 @@ def _fmt(v, digits=1) -> str:
 
 
 def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = None) -> Section:
-    csv_path = Path(csv) if csv is not None else pg.default_csv()
+    csv_paths = [Path(csv)] if csv is not None else pg.default_csvs()
+    csv_label = ", ".join(pg.display_path(c) for c in csv_paths)
     head = ["## Published GPU measurements (engine profiles)", ""]
-    if not csv_path.is_file():
-        return Section(head + [f"Skipped: the published CSV {pg.display_path(csv_path)} is not here (set KVSIM_DATA "
+    if not all(c.is_file() for c in csv_paths):
+        return Section(head + [f"Skipped: the published CSV {csv_label} is not here (set KVSIM_DATA "
                                "or pass --published-gpu); the profiles themselves ship in "
                                f"{pg.display_path(Path(fit_file))}.", "", GPU_RUN_NOTE, ""],
-                       {"skipped": f"{pg.display_path(csv_path)} not found"})
+                       {"skipped": f"{csv_label} not found"})
+    csv_path = csv_paths if len(csv_paths) > 1 else csv_paths[0]
     table, data, excluded = evaluate_rows(fit_file, csv_path)
     fit = data.get("fit", {})
     multi_lines, multi_summary = multi_gpu_lines(csv_path)
     if not len(table):
-        lines = head + [f"No single-device row of {pg.display_path(csv_path)} can be predicted (each row's reason "
+        lines = head + [f"No single-device row of {csv_label} can be predicted (each row's reason "
                         "below).", "", *excluded_lines(excluded), *multi_lines, GPU_RUN_NOTE, ""]
         return Section(lines, {"rows": 0, "regimes": {}, "excluded": [r.id for r in excluded],
                                "multi_gpu": multi_summary, "gpu_run": GPU_RUN_NOTE}, table)
     lines = head + [
-        f"Rows: {len(table)} single-device rows of {pg.display_path(csv_path)}, each predicted under its stack's "
-        f"profile (`trtllm`, `vllm`) of "
-        f"{pg.display_path(Path(fit_file))}, fitted {fit.get('date', '?')} by `{fit.get('command', '?')}` to "
-        f"{fit.get('csv', '?')} (sha256 {str(fit.get('csv_sha256', ''))[:16]}). "
+        f"Rows: {len(table)} single-device rows of {csv_label}, each predicted under its stack's "
+        f"profile (`trtllm`, `vllm`, with the row's runtime and decode kernels: sim/engine_profiles/stacks.yaml) of "
+        f"{pg.display_path(Path(fit_file))}, fitted {fit.get('date', '?')} by `{fit.get('command', '?')}`. "
         "In-sample: the file's terms (fitted to all these rows); LOSO: each row predicted with the terms fitted "
-        "without its source's rows. Fused: the ideal `fused` profile, for scale. "
+        "without its source family's rows (sim/validation/sources.yaml). Fused: the ideal `fused` profile, never "
+        "fitted. "
         f"Targets: LOSO MAPE <= {LOSO_TARGET_OVERALL:g}% overall and <= {LOSO_TARGET_REGIME:g}% in every regime.", ""]
     held_out = table[~table["trained"]]
     held_out_summary = None
@@ -137,28 +142,48 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         h = _stats(held_out, "error_pct")
         held_out_summary = {"points": h["points"], "mape": h["mape"], "max_error": h["max_error"]}
         lines += [f"Held-out rows: {h['points']}, MAPE {h['mape']:.1f}%, max {h['max_error']:.1f}%.", ""]
-    # per source: LOSO is "fit without this source, predict it"
-    open_terms = data["engines"].get("trtllm", {}).get("loso_open_terms") or {}
-    accept_pt = fit.get("open_terms", {}).get("accept_pt", "?")
-    lines += ["| source (left out) | rows | in-sample MAPE % | LOSO MAPE % | LOSO max % | terms the other sources "
-              "leave open |", "|---|---|---|---|---|---|"]
-    by_source = {}
-    for source, df in table.groupby("source", sort=False):
-        ins, lo = _stats(df, "error_pct"), _stats(df, "loso_error_pct")
-        left_open = open_term_notes(open_terms.get(source, {})) if df["trained"].any() else []
-        by_source[source] = {"points": ins["points"], "in_sample_mape": ins["mape"], "loso_mape": lo["mape"],
-                             "loso_max": lo["max_error"], "left_open": left_open}
-        lines.append(f"| {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | {lo['max_error']:.1f} | "
-                     f"{'; '.join(left_open) or '-'} |")
-    lines += ["", f"Terms left open: with a source left out, a term whose values over the range the other sources' "
-              f"rows accept (their MAPE within {accept_pt} points of the fold's, the other terms held) move the "
-              f"left-out rows by {OPEN_MOVE_PCT:g}% or more (sim.fit_profiles.open_terms): there the LOSO error is "
-              "set by what only the left-out source measures.", ""]
+    des_rows = [p for p in data.get("predictions", []) if "des" in p]
+    if des_rows:
+        lines += ["Request-rate rows (fitted through Little's law: sim/validation/published_gpu.py) through the DES "
+                  f"(`published_gpu.des_rate`: Poisson arrivals, {pg.DES_REQUESTS} requests, the fitted terms; at fit "
+                  "time):", "", "| row | measured | Little's law | DES |", "|---|---|---|---|"]
+        for p in des_rows:
+            lines.append(f"| {p['id']} | {p['measured']:.4g} | {p['in_sample']:.4g} "
+                         f"({_fmt(pg.error_pct(p['in_sample'], p['measured']))}%) | {p['des']:.4g} "
+                         f"({_fmt(pg.error_pct(p['des'], p['measured']))}%) |")
+        lines.append("")
+    # per family: LOSO is "fit without this family, predict it"; per source within it
+    trained_rows = table[table["trained"]]
+    if len(trained_rows):
+        fit_lo, fused_lo = _stats(trained_rows, "loso_error_pct"), _stats(trained_rows, "fused_error_pct")
+        verdict = "beats" if fit_lo["mape"] < fused_lo["mape"] else "does not beat"
+        lines += [f"Out of sample, the fitted profile {verdict} the ideal one: leave-one-family-out MAPE "
+                  f"{fit_lo['mape']:.1f}% against {fused_lo['mape']:.1f}% for `fused` (never fitted) on the same "
+                  f"{fit_lo['points']} rows.", ""]
+    lines += ["| family (left out) | source | rows | in-sample MAPE % | LOSO MAPE % | LOSO max % | fused MAPE % |",
+              "|---|---|---|---|---|---|---|"]
+    by_source, by_family = {}, {}
+    for family, fdf in table.groupby("family", sort=False):
+        ins, lo, fu = _stats(fdf, "error_pct"), _stats(fdf, "loso_error_pct"), _stats(fdf, "fused_error_pct")
+        by_family[family] = {"points": ins["points"], "in_sample_mape": ins["mape"], "loso_mape": lo["mape"],
+                             "loso_max": lo["max_error"], "fused_mape": fu["mape"]}
+        lines.append(f"| **{family}** | all | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | "
+                     f"{lo['max_error']:.1f} | {fu['mape']:.1f} |")
+        for source, df in fdf.groupby("source", sort=False):
+            ins, lo, fu = _stats(df, "error_pct"), _stats(df, "loso_error_pct"), _stats(df, "fused_error_pct")
+            by_source[source] = {"family": family, "points": ins["points"], "in_sample_mape": ins["mape"],
+                                 "loso_mape": lo["mape"], "loso_max": lo["max_error"]}
+            lines.append(f"| {family} | {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | "
+                         f"{lo['max_error']:.1f} | {fu['mape']:.1f} |")
+    lines.append("")
     terms = data["engines"]["trtllm"]["terms"]
-    lines += ["Fitted terms (`trtllm`; shared by every device; bounds are physical ranges, sim/profiles/engines.py):", "",
+    lines += ["Fitted terms (shared by `trtllm` and `vllm` and by every device; each stack's host terms see only its "
+              "rows; bounds are physical ranges, sim/profiles/engines.py):", "",
               "| term | value | bounds | meaning |", "|---|---|---|---|"]
     for name, t in terms.items():
-        lines.append(f"| {name} | {float(t['value']):.4g} {t.get('unit', '')} | {t.get('bounds')} | {t.get('meaning', '')} |")
+        fitted = "" if not str(t.get("source", "")).startswith("not fitted") else " (not fitted: prior)"
+        lines.append(f"| {name} | {float(t['value']):.4g} {t.get('unit', '')}{fitted} | {t.get('bounds')} | "
+                     f"{t.get('meaning', '')} |")
     lines.append("")
     for engine_name, entry in data["engines"].items():
         if not entry.get("fitted", True):
@@ -179,27 +204,14 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
                      f"{r.loso:.4g} | {_fmt(r.loso_error_pct)} | {_fmt(r.fused_error_pct)} |")
     lines.append("")
     lines += excluded_lines(excluded) + multi_lines + [GPU_RUN_NOTE, ""]
-    summary = {"rows": int(len(table)), "regimes": summary_regimes, "by_source": by_source, "stale": stale,
+    summary = {"rows": int(len(table)), "regimes": summary_regimes, "by_source": by_source,
+               "by_family": by_family, "stale": stale,
                "held_out": held_out_summary,
                "terms": {k: float(v["value"]) for k, v in terms.items()},
                "examples": {e.id: {"measured": e.measured, "predicted": round(e.predicted, 1),
                                    "loso": round(e.loso, 1)} for e in examples.itertuples()},
                "excluded": [r.id for r in excluded], "multi_gpu": multi_summary, "gpu_run": GPU_RUN_NOTE}
     return Section(lines, summary, table)
-
-
-OPEN_MOVE_PCT = 5.0
-
-
-def open_term_notes(terms: dict) -> list[str]:
-    """'name lo-hi (left-out rows move up to X%)' for the terms of one fold that are left open."""
-    notes = []
-    for name, entry in terms.items():
-        move = float(entry.get("held_out_move_pct", 0.0))
-        if move >= OPEN_MOVE_PCT:
-            lo, hi = entry["accepted"]
-            notes.append(f"{name} {lo:.3g}-{hi:.3g} (left-out rows move up to {move:.0f}%)")
-    return notes
 
 
 def excluded_lines(excluded: list) -> list[str]:
