@@ -13,12 +13,12 @@ The published-GPU section of `python -m sim.validate` shows the same rows, held 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 
 from sim import parallel
+from sim.cli import OneLineParser, run
 from sim.models import load_model
 
 from . import published_gpu as pg
@@ -83,16 +83,12 @@ def report(csv=None) -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sim.validation.multigpu", description=__doc__.split("\n")[0])
+def _main(argv=None) -> int:
+    p = OneLineParser(prog="python -m sim.validation.multigpu", description=__doc__.split("\n")[0])
     p.add_argument("--csv", help="published measurements CSV (default ../shared/data/gpu-published-train.csv)")
     p.add_argument("--json", action="store_true", help="print JSON records")
     a = p.parse_args(argv)
-    try:
-        recs = report(a.csv)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    recs = report(a.csv)          # a missing or malformed CSV: one error line from run()
     if a.json:
         print(json.dumps(recs, indent=1))
         return 0
@@ -104,6 +100,11 @@ def main(argv=None) -> int:
               f"{r['engine']} {r['predicted_stack']:10.4g} ({r['error_pct_stack']:+.1f}%)  "
               f"fused {r['predicted_fused']:10.4g} ({r['error_pct_fused']:+.1f}%)")
     return 0
+
+
+def main(argv=None) -> int:
+    """User mistakes (bad flags, a missing CSV) are one `error: ...` line and exit code 2 (the kit's run)."""
+    return run(_main, argv)
 
 
 if __name__ == "__main__":

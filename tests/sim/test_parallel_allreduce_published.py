@@ -31,3 +31,18 @@ def test_published_all_reduce_times_move_a_tp4_decode_step_by_a_few_percent_only
     assert p.extra["comm_decode_s"] / p.tpot_s < 0.25
     assert slower / p.tpot_s < 0.05
     assert np.isfinite(p.tokens_per_s)
+
+
+def test_cli_prints_the_table_and_refuses_bad_flags_in_one_line(capsys):
+    assert check_allreduce.main([]) == 0
+    assert "custom: MAPE" in capsys.readouterr().out
+    assert check_allreduce.main(["--bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
+
+
+def test_multigpu_cli_errors_are_one_line(capsys, tmp_path):
+    from sim.validation import multigpu
+    assert multigpu.main(["--csv", str(tmp_path / "none.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "none.csv" in err[0]
