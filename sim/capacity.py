@@ -22,7 +22,7 @@ the analytic steady state does not model: KV blocks (the DES rounds what a reque
 blocks of --block-size tokens: + block/2 a request for a growing cache, up to a block for an evicting
 one, e.g. k + 1 = 65 held in 80), and the waves that identical requests arriving at once run in without
 chunked prefill (prefill-first steps admit a cohort that then finishes together; 2048 + 128 full sustains
-0.83 of the steady batch there, docs/metrics.md "Steady state").
+0.82 of the steady batch there, docs/metrics.md "Steady state").
 """
 from __future__ import annotations
 
