@@ -27,10 +27,13 @@ beside its inputs (one layer's K and V twice), the eager gated MLP holds three d
 A policy that evicts runs layer by layer at prefill (`layerwise_prefill_eviction`): each layer's cache is
 compressed right after that layer's prefill (kvpress-style forward hooks), so the prefill peak holds the
 full prompt in one layer and the kept tokens in the others (sim.engine.memory.peak_kv_tokens).
-No fitted term: the profile is operators and counts; its CPU check is `traces.timing --stack hf
+No fitted term of its own: the profile is operators and counts (on a GPU its decode attention takes the
+FlashAttention-2 kernel family's rate, pinned by kernel-level measurements); its CPU check is `traces.timing --stack hf
 --attn sdpa --beams 1` (docs/validation.md).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -77,12 +80,25 @@ def hf_sdpa_decode_ops(ctx: OpContext) -> list[Op]:
 
 
 def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
-    """Decode attention runs SDPA's kernel, which on a CPU loops over (sequence, query head): its FLOPs
+    """Decode attention runs SDPA's kernel. On a CPU it loops over (sequence, query head): its FLOPs
     (q.k, softmax, p.v per query head and key) run at the device's calibrated SDPA rate where the file
     has one (hwmodels sdpa_decode_efficiency); its bytes stay at the streaming rate, read once per K/V
     head. A grouped-query model thus pays its query heads, not only its K/V bytes (measured 2026-12-01:
-    16 query heads on 4 K/V heads over 3005 keys, d = 64, cost 62% of the 16-K/V-head call)."""
+    16 query heads on 4 K/V heads over 3005 keys, d = 64, cost 62% of the 16-K/V-head call).
+    On a GPU, SDPA at q_len = 1 without a mask and with native GQA dispatches to its FlashAttention-2
+    kernel (transformers' sdpa_attention_forward passes enable_gqa; PyTorch's flash backend takes it):
+    the tensor-core decode family of sim/profiles/attention.py, which streams K/V at its plateau after a
+    fixed time per kernel (terms pinned by the kernel-level rows of ../shared/data/gpu-attention-kernels.csv
+    in sim.fit_profiles; the fit file's shared kernel terms), so one short sequence reaches a small
+    fraction of the bandwidth and a long one nearly the plateau."""
     if ctx.phase != "decode" or ctx.hw is None:
+        return
+    from sim.profiles import device_class
+    if device_class(ctx.hw) == "gpu" and hasattr(ctx.hw, "bw_efficiency"):
+        scale = flash_decode_bw_scale(ctx)
+        for op in ops:
+            if op.name in DECODE_ATTENTION_OPS:
+                op.bw_scale = scale
         return
     tables = getattr(ctx.hw, "tables", None)
     eff = None if tables is None else tables.sdpa_decode_efficiency(ctx.model.head_dim)
@@ -91,6 +107,27 @@ def sdpa_decode_rate(ctx: OpContext, ops: list[Op]) -> None:
     for op in ops:
         if op.name in DECODE_ATTENTION_OPS:
             op.compute_eff = eff
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_terms() -> dict:
+    """The decode-attention kernel terms of the engine fit file (vLLM's entry: it runs FlashAttention for
+    decode too; the kernel terms are shared by the engines), or their priors before a fit."""
+    from sim.profiles import engines
+    if not engines.FIT_FILE.is_file():
+        return engines.prior_values()
+    return engines.engine_values(engines.read_fit_file(engines.FIT_FILE), "vllm", engines.FIT_FILE)
+
+
+def flash_decode_bw_scale(ctx: OpContext):
+    """Op.bw_scale that makes one layer's decode attention over B bytes of K and V stream at the tensor-core
+    family's efficiency (attention.stream_eff) instead of the device's streaming curve."""
+    from sim.profiles import attention
+    m, hw = ctx.model, ctx.hw
+    kernel_bytes = np.maximum(kv_bytes(ctx, np.asarray(ctx.past_tokens, float)), 1.0)
+    eff = np.minimum(attention.stream_eff("tensor-core", kernel_bytes, float(hw.memory_bw), _kernel_terms()), 1.0)
+    scale = eff / np.asarray(hw.bw_efficiency(kernel_bytes), float)
+    return scale if np.ndim(scale) else float(scale)
 
 
 def hf_sdpa_prefill_ops(ctx: OpContext) -> list[Op]:

@@ -97,3 +97,23 @@ def test_the_layerwise_peak_through_sim_predict(capsys):
     # the KV no longer held, less the 16 generated tokens of torch.cat's extra layer that full attention holds
     assert full["peak_memory_bytes"] - snap["peak_memory_bytes"] == pytest.approx(
         saved + 16 * per_token_all_layers / layers, rel=1e-9)
+
+
+def test_gpu_decode_attention_runs_at_the_flash_attention_family_rate():
+    from sim.profiles import attention
+    from sim.profiles.hf import _kernel_terms
+    m, device = load_model(MODEL), load_device(HW)
+    v = _kernel_terms()
+
+    def attention_s(prompt):
+        p = _decode(prompt)
+        ops = p.decode_ops[p.decode_ops["step"] == "mean"].set_index("op")
+        return float(ops.loc["attn_scores", "time_s"]), float(ops.loc["attn_scores", "kv_read_bytes"]) * 2
+    for prompt in (1024, 131072):
+        t, kv = attention_s(prompt)
+        per_layer = kv / m.n_layers
+        eff = attention.stream_eff("tensor-core", per_layer, device.memory_bw, v)
+        kernel = m.n_layers * per_layer / (device.memory_bw * eff)
+        assert kernel <= t <= kernel + m.n_layers * 2 * device.launch_overhead_s + 1e-6   # bytes + the SDPA launch
+    # a short single sequence is latency-bound: at least the family's fixed time per layer
+    assert attention_s(1024)[0] >= m.n_layers * v["attn_latency_s"]
