@@ -24,17 +24,23 @@ schedule, M + pp - 1 stage steps. Host overhead (scheduling, sampling) is charge
 
 Capacity is per device: every stage holds the KV of every request for its layers, every TP rank its KV
 heads, so the deployment holds as many requests as the largest stage's device fits (eviction's capacity
-effect is per device too). tp = pp = 1 returns the single-device prediction itself.
+effect is per device too). A fixed batch above what fits at its peak runs in waves of the largest batch that
+does (`waves`; extra keys waves, e2e_in_waves_s, tokens_per_s_in_waves: what a static benchmark of more
+requests than the KV memory holds measures; tokens_per_s stays the as-if-it-fit number). tp = pp = 1 returns
+the single-device prediction itself.
+
+The all-reduce model is checked, never fitted, against published H100 all-reduce latencies
+(`python -m sim.parallel.check_allreduce`, sim/references/allreduce_h100_published.yaml).
 """
 from __future__ import annotations
 
 from .collectives import (COMM_OPS, Collective, allgather_link_bytes, allgather_time, allreduce_link_bytes,
                           allreduce_time, bubble_factor, collectives, comm_table, p2p_time)
-from .predict import ParallelPrediction, micro_batches, predict
+from .predict import ParallelPrediction, micro_batches, predict, waves
 from .shard import (ONCE_PER_STEP_OPS, check_degrees, kv_heads_per_rank, kv_replication, largest_stage,
                     shard_model, stage_layers)
 
 __all__ = ["COMM_OPS", "Collective", "ONCE_PER_STEP_OPS", "ParallelPrediction", "allgather_link_bytes", "allgather_time",
            "allreduce_link_bytes", "allreduce_time", "bubble_factor", "check_degrees", "collectives", "comm_table",
            "kv_heads_per_rank", "kv_replication", "largest_stage", "micro_batches", "p2p_time", "predict",
-           "shard_model", "stage_layers"]
+           "shard_model", "stage_layers", "waves"]
