@@ -53,8 +53,9 @@ def micro_batches(batch, pp: int, fixed: int | None = None):
 def waves(batch: int, at_once: int) -> tuple[int, int]:
     """(waves, requests in the last one) of a fixed batch on a deployment that holds at most `at_once` requests
     at their peak: a batcher that re-batches its queue, or an engine that admits what fits and runs the rest
-    after (what a static benchmark of more requests than the KV memory holds measures). (1, batch) when the
-    batch fits; (0, 0) when not even one request does."""
+    after (what a static benchmark of more requests than the KV memory holds measures). A paged engine that
+    admits every request and preempts as the caches grow lies between the waves' throughput (its lower
+    bound) and the as-if-it-fit number. (1, batch) when the batch fits; (0, 0) when not one request does."""
     if at_once <= 0:
         return 0, 0
     n = -(-int(batch) // int(at_once))
