@@ -137,24 +137,27 @@ def build_parser():
     p.add_argument("--block-sizes", type=csv_list(int, "--block-sizes"), default=[16], help="tokens per block")
     p.add_argument("--compact-every", type=csv_list(int, "--compact-every"), default=[],
                    help="also the paged layout compacted every N decode steps (comma-separated N)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (table.md, table.csv, the figure)")
+    p.add_argument("--out", type=Path, required=True,
+                   help=f"output folder (kv_freed_by_layout.md, kv_freed_by_layout.csv, {FIGURE_NAME})")
     return p
 
 
 def main(argv=None) -> int:
-    from kvcommon.cli import atomic_write_text
+    from kvcommon.cli import atomic_write_text, check_out_folder, staged_folder
     a = build_parser().parse_args(argv)
+    check_out_folder("--out", a.out)     # before the traces are read (half a minute on the bundled ones)
     if any(b < 1 for b in a.block_sizes) or any(n < 1 for n in a.compact_every):
-        raise ValueError("block sizes and compaction intervals must be >= 1")
+        raise ValueError("--block-sizes and --compact-every must be >= 1")
     layouts = [Layout("slots")]
     for b in a.block_sizes:
         layouts += [Layout("paged-head", block_size=b), Layout("paged", block_size=b)]
         layouts += [Layout("paged", block_size=b, compact_every=n) for n in a.compact_every]
     table = freed_table(traces_with_kept(a.traces), layouts)
-    a.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(a.out / "kv_freed_by_layout.md", markdown(table) + "\n")
-    atomic_write_text(a.out / "kv_freed_by_layout.csv", table.to_csv(index=False))
-    print(plot(table, a.out / FIGURE_NAME))
+    with staged_folder(a.out) as stage:      # the three files appear together, or not at all
+        atomic_write_text(stage / "kv_freed_by_layout.md", markdown(table) + "\n")
+        atomic_write_text(stage / "kv_freed_by_layout.csv", table.to_csv(index=False))
+        plot(table, stage / FIGURE_NAME)
+    print(a.out / FIGURE_NAME)
     return 0
 
 

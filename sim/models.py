@@ -294,6 +294,10 @@ def spec_from_config(cfg: dict, name: str, where: str = "") -> ModelSpec:
         kw = _READERS[model_type](cfg)
     except KeyError as missing:
         raise ValueError(f"{where}: missing field {missing.args[0]} for model_type {model_type!r}") from None
+    limit = kw["max_positions"]     # 0 or a negative limit would silently mean "no context limit"
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"{where}: the context length (max_position_embeddings, or n_positions / max_seq_len / "
+                         f"seq_length for model_type {model_type!r}) must be a positive integer, got {limit!r}")
     n_heads, d_model = kw["n_heads"], kw["d_model"]
     head_dim = kw.pop("head_dim", None)
     if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:

@@ -47,9 +47,9 @@ def build_parser() -> ArgumentParser:
                     "policy": variants.policy_help(POLICIES), "cache_ratio": variants.CACHE_RATIO_HELP,
                     "recent_ratio": variants.RECENT_RATIO_HELP})
     p.add_argument("--trace", metavar="DIR", help="take per-step, per-layer KV lengths from a captured trace")
-    p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
+    p.add_argument("--trace-heads", default=None, choices=("mean", "max"),
                    help="with --trace: per layer, the mean KV head (a ragged attention kernel) or the fullest one "
-                        "(a kernel padded to the longest head), as sim.serve --trace-heads")
+                        "(a kernel padded to the longest head), as sim.serve --trace-heads (default mean)")
     add_flags(p, Layout, LAYOUT_FLAGS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--breakdown", action="store_true", help="print the per-operator tables")
@@ -118,7 +118,8 @@ def format_summary(pred: Prediction) -> str:
     kv_peak = pred.peak_memory_bytes - x["weight_bytes"]
     lines = [
         f"{i['model']} on {i['hw']} ({i['profile']} profile): {policy}{kv_src}",
-        f"batch {i['batch']} x beams {i['beams']}, prompt {i['prompt']} + gen {i['gen']} tokens, "
+        f"static batch {i['batch']} x beams {i['beams']} (started and decoded together), prompt {i['prompt']} + "
+        f"gen {i['gen']} tokens, "
         f"weights {i['weight_dtype']}, KV {i['kv_dtype']}",
         f"  TTFT            {_time(pred.ttft_s)}",
         f"  TPOT (mean)     {_time(pred.tpot_s)}   decode is {x['decode_bound']}-bound",
@@ -126,12 +127,14 @@ def format_summary(pred: Prediction) -> str:
         f"  tokens/s        {pred.tokens_per_s:,.1f}",
         f"  peak memory     {_gib(pred.peak_memory_bytes)} of {_gib(x['device_memory_bytes'])} "
         f"(weights {_gib(x['weight_bytes'])}, KV + workspace {_gib(kv_peak)})"
-        + ("" if x["fits"] else "   DOES NOT FIT"),
+        + ("" if x["fits"] else f"   DOES NOT FIT as a static batch of {i['batch']} (see max batch)"),
         f"  KV per token    {x['kv_bytes_per_token'] / 1024:g} KiB (all layers, one sequence); "
         f"peak {x['peak_kv_tokens']:,.0f} tokens per sequence",
-        f"  max batch       {pred.max_batch} requests -> {pred.max_batch_tokens_per_s:,.1f} tokens/s "
-        f"(continuous batching; all at once: {pred.max_batch_all_at_once} -> "
-        f"{pred.max_batch_all_at_once_tokens_per_s:,.1f} tokens/s)",
+        # two capacities: requests in flight once continuous batching settles (they are at different steps,
+        # so fewer are at their peak KV) vs a static batch that holds every request's peak at once
+        f"  max batch       {pred.max_batch} requests in flight (continuous batching, steady state) -> "
+        f"{pred.max_batch_tokens_per_s:,.1f} tokens/s; as a static batch (all at once): "
+        f"{pred.max_batch_all_at_once} -> {pred.max_batch_all_at_once_tokens_per_s:,.1f} tokens/s",
     ]
     if "n_experts" in x:
         rows = i["batch"] * i["beams"]
@@ -158,15 +161,18 @@ def main(argv=None) -> int:
     if note and a.json:     # the text summary carries its own note
         print(f"warning: {note}", file=sys.stderr)
     layout = from_args(Layout, a)
+    if a.trace_heads is not None and not a.trace:
+        raise ValueError("--trace-heads picks how a trace's KV heads are read: add --trace")
     if not layout.is_plain and not a.trace:
         raise ValueError("--layout/--compact-every need --trace: the block accounting replays a trace's kept "
                          "positions")
     override, profile = None, a.profile
     if a.trace:
         override, profile = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen,
-                                           load_model(a.model).n_layers, layout, a.profile, a.trace_heads)
+                                           load_model(a.model).n_layers, layout, a.profile, a.trace_heads or "mean")
     kw = dict(recent_ratio=a.recent_ratio, kv_dtype=a.kv_dtype, weight_dtype=a.weight_dtype, profile=profile,
               kv_override=override, beams=a.beams)
+    deployment.check_micro_batches(a)
     if deployment.wants_parallel(a):      # tp x pp devices (sim.parallel); without the flags: one device, as before
         from sim import parallel
         pred = parallel.predict(a.hw, a.model, a.batch, a.prompt, a.gen, a.policy, a.cache_ratio, **kw, tp=a.tp,

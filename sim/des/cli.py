@@ -56,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=cli.checked_int, default=16, help="tokens per KV block")
     p.add_argument("--memory-utilization", type=float, default=1.0, help="fraction of device memory usable")
     p.add_argument("--trace", default=None, metavar="DIR", help="captured trace folder: per-request KV lengths")
-    p.add_argument("--trace-heads", default="mean", choices=("mean", "max"),
-                   help="per layer, average the KV heads or take the fullest one")
+    p.add_argument("--trace-heads", default=None, choices=("mean", "max"),
+                   help="with --trace: per layer, average the KV heads or take the fullest one (default mean)")
     add_flags(p, Layout, ("name", "compact_every"), help={"name": help_of(Layout, "name") + " (blocks of --block-size)"})
     slo = p.add_argument_group("SLO capacity search (sim.des.slo)")
     add_flags(slo, SLO, ("slo_ttft_p99", "slo_tpot_p99"))
@@ -122,7 +122,7 @@ def run_estimate(requests, gen) -> str | None:
 
 def format_report(res: ServeResult) -> str:
     c = res.config
-    gb = 1e9
+    gib = 2**30     # GiB, as sim.predict prints memory
     lines = [
         f"simulated serving: {c['model']} on {c['hw']}, policy {c['policy']} (cache ratio {c['cache_ratio']:g}), "
         f"{c['admission']} admission, KV from {c['kv_source']}",
@@ -141,9 +141,9 @@ def format_report(res: ServeResult) -> str:
         f"{'mean in flight (max)':32s}{res.mean_in_flight:.1f} ({res.max_in_flight})",
         f"{'busy fraction':32s}{res.busy_fraction:.3f} (prefill {res.busy_s['prefill']:.2f} s, decode "
         f"{res.busy_s['decode']:.2f} s, mixed {res.busy_s['mixed']:.2f} s)",
-        f"{'KV peak / mean / capacity (GB)':32s}{res.peak_kv_bytes / gb:.2f} / {res.mean_kv_bytes / gb:.2f} / "
-        f"{res.kv_capacity_bytes / gb:.2f}",
-        f"{'peak memory (GB)':32s}{res.peak_memory_bytes / gb:.2f} of {c['device_memory_bytes'] / gb:.2f}",
+        f"{'KV peak / mean / capacity (GiB)':32s}{res.peak_kv_bytes / gib:.2f} / {res.mean_kv_bytes / gib:.2f} / "
+        f"{res.kv_capacity_bytes / gib:.2f}",
+        f"{'peak memory (GiB)':32s}{res.peak_memory_bytes / gib:.2f} of {c['device_memory_bytes'] / gib:.2f}",
         "",
         f"{'latency':14s}{'mean':>12s}{'p50':>12s}{'p90':>12s}{'p99':>12s}",
     ]
@@ -161,6 +161,8 @@ def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if not args.hw.strip():     # DesignPoint's check, which ServeConfig does not repeat
         raise cli.UserError("--hw must not be empty")
+    if args.trace_heads is not None and args.trace is None:
+        raise cli.UserError("--trace-heads picks how a trace's KV heads are read: add --trace")
     replay_flags(args)
     requested = args.requests     # --find-max-qps: measured requests per run at its first length
     if args.arrivals in ARRIVAL_KINDS and args.requests is None and args.request_trace is None:
@@ -192,7 +194,7 @@ def _main(argv=None) -> int:
         weight_dtype=args.weight_dtype, profile=args.profile, max_batch=args.max_batch,
         chunked_prefill=args.chunked_prefill, max_step_tokens=args.max_step_tokens,
         admission=args.admission, block_size=args.block_size, memory_utilization=args.memory_utilization,
-        trace=args.trace, trace_heads=args.trace_heads, tp=args.tp, pp=args.pp, layout=args.name,
+        trace=args.trace, trace_heads=args.trace_heads or "mean", tp=args.tp, pp=args.pp, layout=args.name,
         compact_every=args.compact_every, request_trace=args.request_trace, window=args.window,
         max_model_len=args.max_model_len, overlong=args.overlong, step_grid=args.step_grid)
     slo = _slo(args)

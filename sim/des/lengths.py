@@ -7,8 +7,10 @@ workload exactly:
 - `fixed`: every request has the mean length (the default; draws nothing, so the output is unchanged);
 - `uniform:W` (0 <= W <= 1): whole numbers uniform on [round(m (1 - W)), round(m (1 + W))], mean m
   (`uniform:1` spans 0..2m, clipped to >= 1);
-- `lognormal:S` (S > 0): a lognormal with mean m and log-space standard deviation S
-  (mu = ln m - S^2 / 2; median m exp(-S^2 / 2)); S = 1 gives ShareGPT-like heavy tails;
+- `lognormal:S` (0 < S <= 3): a lognormal with mean m and log-space standard deviation S
+  (mu = ln m - S^2 / 2; median m exp(-S^2 / 2)); S = 1 gives ShareGPT-like heavy tails. Past S = 3 the
+  median is under 1% of the mean (S = 30: every request 1 token for a stated mean of 1024), so a run's
+  lengths no longer have the mean it is labelled with: refused;
 - `empirical:TRACE` (a request trace: azure-code-2023, azure-conv-2023 or a CSV/JSONL file, see
   sim.des.trace_file): the trace's own prompt (or output) lengths, drawn with replacement, scaled so
   their mean is m (m = the trace's mean rounded, which a run that gives no prompt / gen takes: the
@@ -31,6 +33,8 @@ import numpy as np
 from sim.des.trace_file import load_trace, resolve
 
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "empirical")
+# median = mean * exp(-S^2 / 2) >= 1% of the mean  <=>  S <= sqrt(2 ln 100) ~ 3.03
+LOGNORMAL_MAX_SIGMA = 3.0
 SPEC_HELP = ("fixed | uniform:W (0..1, lengths m(1-W)..m(1+W)) | lognormal:S (log-space sigma) | empirical:TRACE "
              "(a trace's lengths); the mean is the length")
 
@@ -78,8 +82,9 @@ class LengthDist:
             raise ValueError(f"{kind} needs a number ({kind}:{'W' if kind == 'uniform' else 'S'})") from None
         if kind == "uniform" and not 0 <= value <= 1:
             raise ValueError("uniform:W needs 0 <= W <= 1")
-        if kind == "lognormal" and not (value > 0 and math.isfinite(value)):
-            raise ValueError("lognormal:S needs S > 0")
+        if kind == "lognormal" and not (0 < value <= LOGNORMAL_MAX_SIGMA):
+            raise ValueError(f"lognormal:S needs 0 < S <= {LOGNORMAL_MAX_SIGMA:g} (beyond it the median is under 1% "
+                             "of the mean: the drawn lengths would not have the stated mean)")
         return cls(kind, value)
 
     @property
@@ -120,7 +125,7 @@ def check_spec(spec) -> str | None:
     try:
         LengthDist.parse(spec)
     except ValueError as exc:
-        return f"must be fixed, uniform:W (0 <= W <= 1), lognormal:S (S > 0) or empirical:TRACE ({exc})"
+        return f"must be fixed, uniform:W (0 <= W <= 1), lognormal:S (0 < S <= 3) or empirical:TRACE ({exc})"
     return None
 
 

@@ -212,9 +212,9 @@ def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None) -> ServeR
     capacity_blocks = int(budget.kv_capacity_bytes // block_bytes)
     if capacity_blocks < 1:
         raise ValueError(
-            f"{setup.model.name} does not fit on {setup.hw.name}: weights {budget.weight_bytes / 1e9:.1f} GB + "
-            f"workspace {budget.workspace_bytes / 1e9:.1f} GB leave no KV memory of "
-            f"{budget.usable_bytes / 1e9:.1f} GB usable")
+            f"{setup.model.name} does not fit on {setup.hw.name}: weights {budget.weight_bytes / 2**30:.1f} GiB + "
+            f"workspace {budget.workspace_bytes / 2**30:.1f} GiB leave no KV memory of "
+            f"{budget.usable_bytes / 2**30:.1f} GiB usable")
     sched = Scheduler(workload, kv, SchedulerConfig(
         block_tokens=cfg.block_size, capacity_blocks=capacity_blocks, block_bytes=block_bytes,
         max_batch=cfg.max_batch, chunked_prefill=cfg.chunked_prefill,

@@ -91,6 +91,8 @@ def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3
                  peak_kv_tokens=float(r["peak_kv_tokens"][0]), weight_bytes=float(s.model.weight_bytes(s.weight_dtype)),
                  decode_kv_read_bytes=float(r["decode_kv_read_bytes"][0]), fits=bool(r["fits"][0]),
                  device_memory_bytes=float(s.hw.memory_bytes),
+                 # TPOT at the max batch, as sim.parallel's JSON and the sweep's column (None: nothing fits)
+                 max_batch_tpot_s=float(r["max_batch_tpot_s"][0]) if np.isfinite(r["max_batch_tpot_s"][0]) else None,
                  exceeds_max_positions=bool(s.model.max_positions and prompt + gen > s.model.max_positions))
     if s.model.moe:     # what a decode step's rows (batch x beams tokens) read of the experts
         rows = int(batch) * int(beams)

@@ -43,6 +43,15 @@ def add_flags(p, *, micro_batches: bool = True, energy: bool = True, unset: bool
                        help="USD per device-hour for the cost (default: the device's documented price); implies --energy")
 
 
+def check_micro_batches(a) -> None:
+    """--micro-batches above --batch is a mistake (a batch splits into at most `batch` micro-batches), not
+    something to clamp silently."""
+    m, batch = getattr(a, "micro_batches", None), getattr(a, "batch", None)
+    if m is not None and batch is not None and m > batch:
+        raise ValueError(f"--micro-batches {m} exceeds --batch {batch}: a batch of {batch} splits into at most "
+                         f"{batch} micro-batches")
+
+
 def wants_parallel(a) -> bool:
     return a.tp * a.pp > 1 or getattr(a, "micro_batches", None) not in (None, 1)
 

@@ -76,7 +76,7 @@ def headline(table: pd.DataFrame, policy: str = "keyformer", ratio: float = 0.5)
     near = ratios.iloc[(ratios - ratio).abs().argsort().iloc[0]]
     ev = b1[(b1["policy"] == policy) & (b1["cache_ratio"] == near)].groupby(["hw", "model"]).first()
     j = full.reset_index().merge(ev.reset_index(), on=["hw", "model"], suffixes=("_full", "_ev"))
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "device": j["hw"], "model": j["model"],
         "TPOT full (ms)": (1e3 * j["tpot_s_full"]).round(2),
         f"TPOT {policy}@{near:g} (ms)": (1e3 * j["tpot_s_ev"]).round(2),
@@ -87,6 +87,8 @@ def headline(table: pd.DataFrame, policy: str = "keyformer", ratio: float = 0.5)
         "throughput gain": _gain(j["max_batch_tokens_per_s_ev"], j["max_batch_tokens_per_s_full"]),
         "beyond context": _beyond(j),
     })
+    table.attrs["cache_ratio"] = float(near)     # the grid's ratio nearest the one asked for
+    return table
 
 
 def _beyond(j: pd.DataFrame) -> list[str]:
@@ -136,7 +138,10 @@ def summary_markdown(table: pd.DataFrame, meta: dict) -> str:
         h = headline(table, policy, ratio)
         if not h.empty:
             p0, g0 = table["prompt"].max(), table["gen"].max()
-            title = f"### {policy} vs full, prompt {p0} + gen {g0}, batch {table['batch'].min()}"
+            near = h.attrs["cache_ratio"]
+            title = f"### {policy} vs full, cache ratio {near:g}, prompt {p0} + gen {g0}, batch {table['batch'].min()}"
+            if abs(near - ratio) > 1e-9:     # the paper's budget is not on this grid: say what is shown instead
+                why = f"the grid has no cache ratio {ratio:g}, so its nearest, {near:g}, is shown (the paper's budget: {why})"
             lines += [title, "", f"Why this ratio: {why}.", "", _md_table(h), ""]
             if (h["throughput gain"] == FITS_ONLY_WITH_EVICTION).any():
                 lines += [f"\"{FITS_ONLY_WITH_EVICTION}\": full attention does not fit one request at this "
