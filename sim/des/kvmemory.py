@@ -3,7 +3,7 @@
 A block holds `block_tokens` tokens of K and V for every layer and KV head of one request, so a request
 holding t tokens (mean per KV head, see sim.des.scheduler) occupies ceil(t / block_tokens) blocks.
 The pool only counts blocks: which physical block a token sits in does not change any step time.
-`kv_schedule_table` lays out what each request holds per decode step, and its peaks, for the scheduler;
+`kv_schedule_table` lays out what each request holds per decode step, and its peak, for the scheduler;
 `prefill_held` says what a prefill leaves held (its tokens, a sliding window's worth at most).
 """
 from __future__ import annotations
@@ -73,14 +73,13 @@ def prefill_held(kv) -> Callable:
 
 
 def kv_schedule_table(kv: KVLengths, prompt: np.ndarray, output: np.ndarray,
-                      pool: BlockPool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """All distinct per-request KV schedules in one flat float array, each request's offset in it, each
-    request's peak need in blocks (max over its prefill, which holds its windowed prompt, and its decode
-    steps, +1 for the appended token), and the peak of its decode steps alone (what a reservation still
-    has to cover once the prefill is done: an evicting policy's budget, not its prompt)."""
+                      pool: BlockPool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All distinct per-request KV schedules in one flat float array, each request's offset in it, and
+    each request's peak need in blocks (max over its prefill, which holds its prompt or a sliding window's
+    worth of it, and its decode steps, +1 for the appended token)."""
     n = len(prompt)
     pieces, offsets, seen = [], np.zeros(n, dtype=np.int64), {}
-    peak_tokens, decode_peak = np.zeros(n), np.zeros(n)
+    peak_tokens = np.zeros(n)
     total = 0
     held_after_prefill = prefill_held(kv)
     for i in range(n):
@@ -95,8 +94,7 @@ def kv_schedule_table(kv: KVLengths, prompt: np.ndarray, output: np.ndarray,
             total += len(sched)
         offsets[i] = seen[key][0]
         steps = sched[:gen - 1]
-        decode_peak[i] = steps.max() + 1.0 if len(steps) else 0.0
-        peak_tokens[i] = max(float(held_after_prefill(p)), decode_peak[i])
+        peak_tokens[i] = max(float(held_after_prefill(p)), steps.max() + 1.0 if len(steps) else 0.0)
     # one padding slot so that a request with G = 1 indexes a valid (unused) entry
     flat = np.concatenate(pieces + [np.zeros(1)]) if pieces else np.zeros(1)
-    return flat, offsets, pool.blocks_for(peak_tokens), pool.blocks_for(decode_peak)
+    return flat, offsets, pool.blocks_for(peak_tokens)

@@ -22,10 +22,9 @@ Memory (`admission='paged'`, the default, vLLM's on-demand PagedAttention alloca
 - when running requests cannot grow, the most recently admitted request is preempted: its blocks are
   freed and it returns to the head of the queue; on readmission it recomputes prompt + generated tokens
   in one prefill (vLLM's recompute preemption), which emits its next token.
-`admission='reserve'` instead reserves each request's peak need (max over prefill and all decode steps,
-sliding windows honoured) at admission; once its prefill is done it keeps the peak of its remaining decode
-steps (an evicting policy gives back what only its prompt needed) until completion: no preemption can
-occur, at the price of fewer concurrent requests for full attention.
+`admission='reserve'` instead reserves each request's peak need (max over prefill and all decode steps;
+a sliding-window layer holds at most its window) at admission and keeps it until completion: no preemption
+can occur, at the price of fewer concurrent requests for full attention (the analytic all-at-once batch).
 
 A request that cannot fit in an empty KV pool is dropped (reported, never silently lost).
 """
@@ -81,8 +80,7 @@ class Scheduler:
     # ---- setup -------------------------------------------------------------------------------------
     # ---- setup -------------------------------------------------------------------------------------
     def _build_kv_table(self, kv: KVLengths) -> None:
-        self.kv_flat, self.kv_offset, self.peak_blocks, self.decode_peak_blocks = kv_schedule_table(
-            kv, self.prompt, self.output, self.pool)
+        self.kv_flat, self.kv_offset, self.peak_blocks = kv_schedule_table(kv, self.prompt, self.output, self.pool)
         self._prefill_held = prefill_held(kv)
 
     # ---- queue -------------------------------------------------------------------------------------
@@ -305,8 +303,6 @@ class Scheduler:
             self.running = np.append(self.running, i)
             if self.cfg.admission == "paged":
                 self._shrink(np.array([i]))
-            else:
-                self._release_prompt_reservation(i)
         return completed
 
     def _shrink(self, ids: np.ndarray) -> None:
@@ -316,15 +312,6 @@ class Scheduler:
         if freed:
             self.held[ids] = keep
             self.pool.release(freed)
-
-    def _release_prompt_reservation(self, i: int) -> None:
-        """Reserve admission, prefill done: keep the peak of the decode steps still to run (an evicting
-        policy's budget; full attention's final length, all of it) and free the rest, which only the prompt
-        needed: the reservation still covers everything the request can hold, so no preemption can occur."""
-        keep = min(int(self.held[i]), int(self.decode_peak_blocks[i]))
-        if keep < self.held[i]:
-            self.pool.release(int(self.held[i]) - keep)
-            self.held[i] = keep
 
     def _complete(self, ids: np.ndarray, now: float) -> None:
         self.finish[ids] = now

@@ -1,7 +1,7 @@
 """The analytic steady-state batch (sim.capacity: every request at what it holds over its life) against the
 requests the DES keeps in flight at --qps inf over its steady window (sim.des.metrics.steady_window), for
 a long generation (128 + 2048) and a long prompt (2048 + 128), full attention and an evicting policy
-(issue 25: within 10%); and reserve admission with a sliding window and an evicting policy's budget."""
+(issue 25: within 10%); and reserve admission with a sliding window."""
 import json
 import math
 
@@ -81,23 +81,6 @@ def _one_request_scheduler(policy_kv, prompt, gen, admission):
                         source="test")
     return Scheduler(workload, policy_kv, SchedulerConfig(block_tokens=16, capacity_blocks=10_000,
                                                           admission=admission))
-
-
-def test_reserve_gives_back_what_only_the_prompt_needed():
-    """An evicting policy under reserve admission: the prefill reserves the whole prompt; once it is done the
-    request keeps its budget's blocks (k + 1 = 513 tokens: 33 blocks), not the prompt's 64, to the end."""
-    from sim.des.analytic import PolicyKV
-    sched = _one_request_scheduler(PolicyKV("h2o", 0.5), 1024, 64, "reserve")
-    sched.arrive(0, 0.0)
-    plan = sched.plan_step(0.0)
-    assert sched.pool.used_blocks == 64
-    sched.finish_step(plan, 1.0)
-    assert sched.pool.used_blocks == 33
-    while sched.has_work():
-        plan = sched.plan_step(2.0)
-        sched.finish_step(plan, 2.0)
-        assert sched.pool.used_blocks in (0, 33)
-    assert sched.total_preemptions == 0
 
 
 def test_a_prefill_holds_at_most_the_window():
