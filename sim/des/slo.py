@@ -134,8 +134,19 @@ class _Measured:
         self.steps = 0
         self.why: str | None = None
 
+    def _fit(self, n_requests: int) -> None:
+        """A replayed finite trace may hold fewer requests than asked for: measure those it has."""
+        if len(self.ids) and self.ids[-1] >= n_requests:
+            self.ids = self.ids[self.ids < n_requests]
+            self.enough = len(self.ids) - math.floor(P99 * (len(self.ids) - 1)) if len(self.ids) else 1
+            if not len(self.ids):
+                self.why = "the trace ends before the measured requests (all of it is warm-up)"
+
     def __call__(self, sched, now: float) -> bool:
         self.steps += 1
+        self._fit(sched.n_requests)
+        if not len(self.ids):
+            return True
         status = sched.status[self.ids]
         if self.steps % CHECK_EVERY and not np.all((status == DONE) | (status == DROPPED)):
             return False
@@ -160,6 +171,7 @@ class _Measured:
         return False
 
     def probe(self, qps: float, res) -> Probe:
+        self._fit(len(res.requests))
         frame = res.requests.iloc[self.ids]
         done = frame[frame.completed]
         p99 = lambda col: float(np.percentile(done[col].dropna(), 99)) if done[col].notna().any() else math.nan
