@@ -43,19 +43,30 @@ def _parser() -> OneLineParser:
     p.add_argument("--profile", default="trtllm")
     p.add_argument("--slo-ttft-p99", type=float, default=1.0)
     p.add_argument("--slo-tpot-p99", type=float, default=0.05)
+    p.add_argument("--max-requests", type=int, default=800,
+                   help="the steady-state search's longest measured length (sim.des.slo; it starts at 200)")
+    p.add_argument("--deployments", default=None, metavar="I,J",
+                   help="only these rows of DEPLOYMENTS (0-based), written to workloads_goodput.part-I-J.csv")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="CSV",
+                   help="no searches: join these part files, then the KV panel, the figure and the table")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "figures")
     return p
 
 
-def goodput_rows(a, slo: SLO) -> tuple[list[dict], dict]:
-    rows, configs = [], {}
-    window = None if a.window == "all" else a.window
-    for label, hw, model, tp in DEPLOYMENTS:
+def _config(a, label: str, policy: str, ratio: float) -> ServeConfig:
+    _, hw, model, tp = next(d for d in DEPLOYMENTS if d[0] == label)
+    return ServeConfig(hw=hw, model=model, policy=policy, cache_ratio=ratio, profile=a.profile, tp=tp,
+                       request_trace=a.trace, window=None if a.window == "all" else a.window, qps=None,
+                       requests=None, step_grid=64)
+
+
+def goodput_rows(a, slo: SLO, deployments) -> list[dict]:
+    rows = []
+    for label, hw, model, tp in deployments:
         for policy, ratio in POLICIES:
-            cfg = ServeConfig(hw=hw, model=model, policy=policy, cache_ratio=ratio, profile=a.profile, tp=tp,
-                              request_trace=a.trace, window=window, qps=None, requests=None, step_grid=64)
+            cfg = _config(a, label, policy, ratio)
             t0 = time.perf_counter()
-            found = find_max_qps(cfg, slo)
+            found = find_max_qps(cfg, slo, max_requests=a.max_requests)
             at = found.at_max
             row = {"deployment": label, "hw": hw, "model": model, "tp": tp, "policy": policy, "cache_ratio": ratio,
                    "max_qps": found.max_qps, "time_scale": at.config["replay"]["time_scale"] if at else None,
@@ -64,24 +75,24 @@ def goodput_rows(a, slo: SLO) -> tuple[list[dict], dict]:
                    "kv_peak_gb": at.peak_kv_bytes / 1e9 if at else None,
                    "kv_capacity_gb": at.kv_capacity_bytes / 1e9 if at else None,
                    "preemptions": at.preemptions if at else None, "bound": found.reason, "runs": found.runs,
+                   "measured_requests": found.requests, "stable": found.stable,
                    "search_s": round(time.perf_counter() - t0, 1)}
             rows.append(row)
-            configs[(label, policy, ratio)] = cfg
             print(f"{label:30s} {policy:9s} {ratio:4.2f}: max qps {found.max_qps:.3g} ({found.runs} runs, "
                   f"{row['search_s']} s) {found.reason}", file=sys.stderr)
-    return rows, configs
+    return rows
 
 
-def kv_timelines(rows, configs) -> pd.DataFrame:
+def kv_timelines(a, rows) -> pd.DataFrame:
     """KV bytes over time on the first deployment, full and the evicting policy, at full's highest rate."""
     label = DEPLOYMENTS[0][0]
     full = next(r for r in rows if r["deployment"] == label and r["policy"] == "full")
     qps = full["max_qps"] if 0 < full["max_qps"] < float("inf") else None
     frames = []
     for policy, ratio in KV_PAIR:
-        res = run_config(replace(configs[(label, policy, ratio)], qps=qps))
+        res = run_config(replace(_config(a, label, policy, ratio), qps=qps))
         t = res.timeline
-        frames.append(pd.DataFrame({"policy": f"{policy} {ratio:g}", "t_s": t["t_s"], "kv_gb": t["kv_bytes"] / 1e9,
+        frames.append(pd.DataFrame({"policy": policy if policy == "full" else f"{policy} {ratio:g}", "t_s": t["t_s"], "kv_gb": t["kv_bytes"] / 1e9,
                                     "capacity_gb": res.kv_capacity_bytes / 1e9, "qps": qps}))
     return pd.concat(frames, ignore_index=True)
 
@@ -141,11 +152,23 @@ def _main(argv=None) -> int:
     slo = SLO(slo_ttft_p99=a.slo_ttft_p99, slo_tpot_p99=a.slo_tpot_p99)
     before = os.getloadavg()
     t0 = time.perf_counter()
-    rows, configs = goodput_rows(a, slo)
-    table = pd.DataFrame(rows)
-    kv = kv_timelines(rows, configs)
     stem = a.out / "workloads_goodput"
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.deployments is not None:
+        picked = [DEPLOYMENTS[int(i)] for i in a.deployments.split(",")]
+        part = pd.DataFrame(goodput_rows(a, slo, picked))
+        atomic_write_text(a.out / f"workloads_goodput.part-{a.deployments.replace(',', '-')}.csv",
+                          part.to_csv(index=False))
+        return 0
+    if a.merge:
+        table = pd.concat([pd.read_csv(p) for p in a.merge], ignore_index=True)
+        order = {d[0]: i for i, d in enumerate(DEPLOYMENTS)}
+        table = table.sort_values("deployment", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
+        rows = table.to_dict("records")
+    else:
+        rows = goodput_rows(a, slo, DEPLOYMENTS)
+        table = pd.DataFrame(rows)
+    kv = kv_timelines(a, rows)
     atomic_write_text(stem.with_suffix(".csv"), table.to_csv(index=False))
     plot(table, kv, stem.with_suffix(".png"), slo, a.trace)
     md = markdown(table)
