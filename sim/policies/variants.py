@@ -85,8 +85,8 @@ def policy_help(names) -> str:
             "a trace's label keyformer(noise=none) too)")
 
 
-RECENT_RATIO_HELP = (f"recent window as a fraction of the budget, [0, 1] (default: {DEFAULT_RECENT_RATIO:g}, or the "
-                     "variant's recent_ratio)")
+RECENT_RATIO_HELP = ("recent window as a fraction of the budget, [0, 1]; a variant's recent_ratio sets it "
+                     f"(default: {DEFAULT_RECENT_RATIO:g})")
 CACHE_RATIO_HELP = "KV budget as a fraction of the prompt, (0, 1]; required for every policy but full"
 
 
