@@ -1,7 +1,8 @@
 """`python -m sim.fit_hf`: fit the `hf-fit` profile's CPU term (sim/profiles/hf_fit.py) to the
 project's own plain transformers decode steps, and check them leave-one-shape-out.
 
-    python -m sim.fit_hf                       # the bundled traces/data/cpu-hf-sdpa folders
+    python -m sim.fit_hf                       # the bundled traces/data/cpu-hf-sdpa folders -> results/fit-hf/
+    python -m sim.fit_hf --update-shipped      # the same, refreshing sim/engine_profiles/hf-cpu-fit.yaml
     python -m sim.fit_hf --measured DIR [...] --out FILE.yaml
 
 Reads the timing folders measured with `traces.timing --stack hf --attn sdpa --beams 1` (manifest
@@ -132,18 +133,32 @@ def build_parser():
                 "decode steps (leave-one-shape-out check).")
     p.add_argument("--measured", nargs="+", default=None, metavar="DIR",
                    help="timing folders or roots (default: traces/data/cpu-hf-sdpa)")
-    p.add_argument("--out", type=Path, default=hff.FIT_FILE, help=f"fit file to write (default: {_rel(hff.FIT_FILE)})")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"fit file to write (default: {DEFAULT_OUT}; the shipped file only with --update-shipped)")
+    p.add_argument("--update-shipped", action="store_true",
+                   help=f"write the shipped fit file, {_rel(hff.FIT_FILE)} (tracked), instead of --out")
     return p
+
+
+# Where a fit goes unless --out says otherwise: results/, so running the tool leaves the checkout clean.
+DEFAULT_OUT = Path("results") / "fit-hf" / "hf-cpu-fit.yaml"
 
 
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    output_file("--out", args.out)
+    if args.update_shipped and args.out is not None:
+        raise ValueError("--out and --update-shipped: give one")
+    args.out = hff.FIT_FILE if args.update_shipped else (args.out or DEFAULT_OUT)
+    if args.out != DEFAULT_OUT:      # results/fit-hf/ is made when the fit is written
+        output_file("--out", args.out)
     result = run_fit(args.measured)
     command = "python -m sim.fit_hf" + ("" if args.measured is None else " --measured " + " ".join(args.measured))
-    if args.out.resolve() != hff.FIT_FILE.resolve():
+    if args.update_shipped:
+        command += " --update-shipped"
+    elif args.out != DEFAULT_OUT:
         command += f" --out {args.out}"
     doc = build_document(result, command)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, "# hf-fit terms: written by python -m sim.fit_hf (do not edit; re-run fit.command)\n"
                       + yaml.safe_dump(doc, sort_keys=False, width=120))
     fit = doc["fit"]

@@ -129,3 +129,20 @@ def test_layouts_report_checks_out_before_reading_traces(tmp_path, capsys, monke
     assert_one_line_error(code, err, "is an existing file", out=out)
     code, out, err = _cli(layouts_report.main, ["--out", str(tmp_path / "file" / "x")], capsys)
     assert_one_line_error(code, err, "is a file, not a folder", out=out)
+
+
+def test_fit_hf_writes_results_unless_the_shipped_file_is_asked_for(tmp_path, capsys, monkeypatch):
+    from sim import fit_hf
+    from sim.profiles import hf_fit
+    from traces.assets import DATA_DIR
+    folders = DATA_DIR / "cpu-hf-sdpa"
+    if not folders.is_dir():
+        pytest.skip("no bundled cpu-hf-sdpa timing folders")
+    monkeypatch.chdir(tmp_path)
+    shipped = hf_fit.FIT_FILE.stat().st_mtime_ns
+    code, out, err = _cli(fit_hf.main, ["--measured", str(folders)], capsys)
+    assert code == 0, err
+    assert (tmp_path / fit_hf.DEFAULT_OUT).is_file() and str(fit_hf.DEFAULT_OUT) in out
+    assert hf_fit.FIT_FILE.stat().st_mtime_ns == shipped
+    code, out, err = _cli(fit_hf.main, ["--update-shipped", "--out", "x.yaml"], capsys)
+    assert_one_line_error(code, err, "--out and --update-shipped", out=out)
