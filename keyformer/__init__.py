@@ -23,6 +23,13 @@ from keyformer.streaming import StreamingPolicy
 from keyformer.tova import TOVAPolicy
 from keyformer.window import WindowPolicy
 
+# The version of the selection rules a capture ran under (traces record it; docs/traces.md, "Rule versions").
+# 1 (trace folders without it): pyramidkv/adakv were the H2O-allocation variants (now scoring="h2o"),
+# snapkv pooled over the observation window too, Keyformer reseeded one generator per batch at every
+# prefill and rounded k = floor(p n) in official mode, budget_base="padded" kept a short prompt whole until
+# the cache grew to k. 2: the released code's and the references' rules (issue 26).
+RULES_VERSION = 2
+
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (FullPolicy, WindowPolicy, StreamingPolicy, H2OPolicy, KeyformerPolicy, SnapKVPolicy,
                               TOVAPolicy, MassPolicy, PyramidKVPolicy, AdaKVPolicy)
@@ -42,6 +49,6 @@ def make_policy(name: str, **params) -> Policy:
     return cls(**params)
 
 
-__all__ = ["POLICIES", "Policy", "ScoreWork", "StepEvent", "make_policy", "FullPolicy", "WindowPolicy",
+__all__ = ["POLICIES", "RULES_VERSION", "Policy", "ScoreWork", "StepEvent", "make_policy", "FullPolicy", "WindowPolicy",
            "StreamingPolicy", "H2OPolicy", "KeyformerPolicy", "SnapKVPolicy", "TOVAPolicy",
            "MassPolicy", "PyramidKVPolicy", "AdaKVPolicy"]

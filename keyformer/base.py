@@ -3,13 +3,26 @@ tokens are scored (`score_increment`) and ranked (`priority`); see full.py ... k
 
 Conventions (the paper's §3, shared/docs/keyformer-paper.md §1, and sim/kvlen.py):
 - budget k = max(1, floor(p * n_real)) per sequence, n_real = the unpadded prompt length; the recent window
-  is w = floor(r * k) (r = 0 means pure key tokens, never "no eviction").
+  is w = floor(r * k) (r = 0 means pure key tokens, never "no eviction"). Frozen-key selection
+  (`selection="official"`, the released code) rounds as that code does: k = int(n * P / 100) and
+  w = int(k * R / 100) with P = 100 p and R = 100 r, the percentages its scripts take (floor(p * n) in float64
+  differs by one token for some n: 143 of the prompt lengths 1..8192 at p = 0.7).
 - prefill: full attention over all n prompt tokens (the first token needs it); then keep the last w real
   tokens plus the top (k - w) of the other n - w by priority, per layer, per KV head, per sequence.
 - decode step s (s = 0 first): the newcomer enters the cache (k + 1 tokens are attended), scores are
   accumulated, and the lowest-priority token outside the recent window (the w newest, newcomer included)
   leaves, so every layer and head holds exactly k tokens again. Variable-length policies (mass, pyramidkv,
   adakv: `variable_lengths`) keep what their `keep_mask` keeps instead, any number per head and step.
+- `budget_base="padded"`: the released scripts left-pad every prompt to `pad_length` (1920) and k counts
+  the pads: k = p * S with S = max(pad_length, n_real), w from that k. Pads never receive attention from a
+  real query, so they rank below every real token, and they are not held here (a real token is never
+  displaced by one). With the paper's re-ranking this means: the cache grows by one real token a step until
+  it holds k, then evicts by score. With frozen keys (the released masking) it means, in real-token
+  positions: the keys are the top min(k - w, n - w) of [0, n - w) (all of them when n <= k), frozen; the
+  window holds the w - 1 newest plus the incoming token; position n - w leaves at the prompt and one more real
+  token (the one leaving the window) at every decode step, so a short prompt attends exactly n real tokens
+  from step 0 with a growing hole after its keys (n = 40 padded to 96, k = 48, w = 14: step 10 attends
+  [0, 26) and [37, 50]). For n < w the window first slides over pads: nothing leaves until n + s + 1 > w - 1.
 - step numbering seen by observers: -1 = prefill, s >= 0 = decode step s.
 - positions: "original" (default; the paper's Table 3 winner) feeds every token its original position id
   and, for MPT, gathers ALiBi at the kept tokens' original positions. "renumber" gives the incoming token
@@ -37,6 +50,13 @@ SELECTIONS = ("paper", "official")
 FROZEN = 1e30  # priority of a frozen key token: above any score or position, below the window's +inf
 
 
+def percent_of(lengths: torch.Tensor, ratio: float) -> torch.Tensor:
+    """int(n * P / 100) per entry, P = 100 * ratio as the percentage the released scripts take (`--kv_cache 50`,
+    `--recent 30`): the product is exact in float64 and the division rounds once, as Python's does."""
+    percent = round(ratio * 100.0, 9)  # 0.29 * 100 = 28.999999999999996 is the user's 29
+    return torch.floor(lengths.double() * percent / 100.0).long()
+
+
 @dataclass
 class Policy:
     """Base of all policies. Subclasses are small dataclasses in their own files."""
@@ -45,8 +65,8 @@ class Policy:
     position_mode: str = "original"
     gqa_reduce: str = "sum"
     # What k is a fraction of: "real" = each sequence's unpadded prompt length (the paper's text); "padded" =
-    # max(pad_length, n_real), as the official scripts do (prompts left-padded to 1920 tokens, k from the
-    # padded length, so a short article keeps all of its tokens until the cache grows past k).
+    # max(pad_length, n_real), as the released scripts do (prompts left-padded to 1920 tokens, the pads
+    # counted in k; see the module docstring for what that does to the cache).
     budget_base: str = "real"
     pad_length: int = 1920
 
@@ -90,6 +110,8 @@ class Policy:
     # ---- what subclasses define ----------------------------------------------------------------------
     def recent_tokens(self, budget: torch.Tensor) -> torch.Tensor:
         """Recent-window size per sequence for budgets k (LongTensor)."""
+        if self.frozen_keys:  # the released code: int(k * R / 100)
+            return percent_of(budget, self.recent_ratio)
         return torch.floor(self.recent_ratio * budget.double()).long()
 
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
@@ -173,28 +195,37 @@ class Policy:
         if int(self.prompt_lengths.min()) < 1:
             raise ValueError("every sequence needs at least one real (unpadded) prompt token")
         self.decode_evicts = self.evicts and self.evicts_while_decoding
+        official = self.frozen_keys
+        padded = self.budget_base == "padded"
         if self.evicts:
             base = self.prompt_lengths
-            if self.budget_base == "padded":
+            if padded:
                 base = torch.clamp(base, min=self.pad_length)
-            self.budget = torch.clamp(torch.floor(self.cache_ratio * base.double()).long(), min=1)
+            kept = percent_of(base, self.cache_ratio) if official else torch.floor(self.cache_ratio * base.double()).long()
+            self.budget = torch.clamp(kept, min=1)
         else:
             self.budget = self.prompt_lengths.clone()
         self.recent = torch.minimum(self.recent_tokens(self.budget), self.budget)
         # Paper: k tokens held after each eviction, the w newest (newcomer included) protected, k + 1 attended.
         # Official: key tokens frozen at the first selection, w - 1 held besides them, so exactly k are
         # attended with the newcomer (the released mask code's boundary).
-        official = self.frozen_keys
         if official and int(self.recent.min()) < 1:
             raise ValueError("selection='official' needs a recent window of at least one token (the incoming "
                              "one): raise recent_ratio or cache_ratio")
         self.hold = self.budget - 1 if official else self.budget
         self.protect = self.recent - 1 if official else self.recent
-        # Official: key tokens are the positions below key_limit from decode step key_from_step on (a prompt
-        # that selects freezes them at once; a growing sequence at its first eviction, step hold - n).
-        self.key_limit = torch.where(self.prompt_lengths > self.hold, self.prompt_lengths - self.recent,
-                                     self.hold - self.protect + 1)
-        self.key_from_step = torch.clamp(self.hold - self.prompt_lengths + 1, min=0)
+        if official and padded and self.evicts:
+            # The released masking on a left-padded prompt: the real keys are at most the n - w real tokens
+            # before the window; the k - w key slots they leave free hold pads (never attended, not held here).
+            self.key_limit = torch.clamp(self.prompt_lengths - self.recent, min=0)
+            self.hold = torch.minimum(self.budget - self.recent, self.key_limit) + self.recent - 1
+            self.key_from_step = torch.zeros_like(self.hold)
+        else:
+            # Official: key tokens are the positions below key_limit from decode step key_from_step on (a prompt
+            # that selects freezes them at once; a growing sequence at its first eviction, step hold - n).
+            self.key_limit = torch.where(self.prompt_lengths > self.hold, self.prompt_lengths - self.recent,
+                                         self.hold - self.protect + 1)
+            self.key_from_step = torch.clamp(self.hold - self.prompt_lengths + 1, min=0)
         positions = valid.long().cumsum(-1) - 1
         self.prompt_positions = torch.where(valid, positions, -1)
         self.query_valid = valid
@@ -372,9 +403,14 @@ class Policy:
 
     def _evict_by_mask(self, layer) -> None:
         """Variable lengths: after the newcomer was scored, empty every slot `keep_mask` drops (none, one or
-        many per head); the next token goes to the first empty slot (SlotLayer grows a full buffer)."""
+        many per head); the next token goes to the first empty slot (SlotLayer grows a full buffer). A policy
+        that selects at the prompt only (`evicts_while_decoding` False) keeps every token."""
         pos = layer.positions
         valid = pos >= 0
+        if not self.decode_evicts:
+            empty = ~valid
+            layer.free_slot = torch.where(empty.any(-1), empty.to(torch.int8).argmax(-1), pos.shape[-1])
+            return
         protected = valid & (pos > self._window_floor)  # the w newest tokens, newcomer included
         drop = valid & ~(self.keep_mask(layer, pos, layer.scores, protected) | protected)
         layer.positions.masked_fill_(drop, -1)

@@ -15,7 +15,7 @@ from tests.keyformer.tiny_models import VOCAB, build
 
 def _gumbel_from_bits(policy, v: torch.Tensor) -> torch.Tensor:
     """The sampler's transform applied to chosen 23-bit integers v (instead of random ones)."""
-    policy._generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
     original = torch.Tensor.random_
     pairs = torch.zeros(2 * ((len(v) + 1) // 2), dtype=torch.int32)
     pairs[: len(v)] = v.to(torch.int32)
@@ -25,7 +25,7 @@ def _gumbel_from_bits(policy, v: torch.Tensor) -> torch.Tensor:
         return self
     torch.Tensor.random_ = fixed_random_
     try:
-        return policy._draw((len(v),), torch.zeros(1), tau=1.0)
+        return policy._draw((len(v),), torch.zeros(1), tau=1.0, generator=generator)
     finally:
         torch.Tensor.random_ = original
 
@@ -52,9 +52,9 @@ def test_the_old_cancellation_is_what_the_new_sampler_avoids():
 @pytest.mark.parametrize("noise", ["gumbel", "gaussian", "constant"])
 def test_noise_follows_the_logits_dtype_and_is_finite(noise):
     policy = make_policy("keyformer", noise=noise, max_new_tokens=4)
-    policy._generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(1)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        zeta = policy._draw((200_000,), torch.zeros(1, dtype=dtype), tau=1.0)
+        zeta = policy._draw((200_000,), torch.zeros(1, dtype=dtype), tau=1.0, generator=generator)
         assert zeta.dtype == dtype and bool(torch.isfinite(zeta).all())
 
 
@@ -94,11 +94,11 @@ def test_non_finite_scores_raise_instead_of_ranking():
 
 def _draw_count_nonfinite(total: int, chunk: int = 1 << 22) -> tuple[int, float, float]:
     policy = make_policy("keyformer", max_new_tokens=4)
-    policy._generator = torch.Generator().manual_seed(12345)
+    generator = torch.Generator().manual_seed(12345)
     bad, top, low = 0, -math.inf, math.inf
     done = 0
     while done < total:
-        zeta = policy._draw((min(chunk, total - done),), torch.zeros(1), tau=1.0)
+        zeta = policy._draw((min(chunk, total - done),), torch.zeros(1), tau=1.0, generator=generator)
         bad += int((~torch.isfinite(zeta)).sum())
         top, low = max(top, zeta.max().item()), min(low, zeta.min().item())
         done += zeta.numel()

@@ -142,12 +142,11 @@ def test_generate_matches_manual_loop(case):
 
 
 def test_left_padded_batch_equals_each_sequence_alone(case):
-    """Per-sequence budgets from the real lengths, padding never kept, selection per sequence. (Keyformer
-    runs without noise here: noise drawn for a batch cannot equal noise drawn for one sequence.)"""
+    """Per-sequence budgets from the real lengths, padding never kept, selection per sequence. Keyformer's
+    noise too: each row draws from its sample's own stream over its own extent, so a sample given the same
+    index draws the same noise in a batch as alone."""
     name, arch, model = case
     params = ratio_params(name, 0.5)
-    if name == "keyformer":
-        params["noise"] = "none"
     lengths = (PROMPT_LEN, PROMPT_LEN - 7)
     singles = [prompt(n, seed=10 + i) for i, n in enumerate(lengths)]
     batch = torch.zeros(2, PROMPT_LEN, dtype=torch.long)
@@ -156,12 +155,16 @@ def test_left_padded_batch_equals_each_sequence_alone(case):
         batch[row, PROMPT_LEN - ids.shape[1]:] = ids[0]
         mask[row, PROMPT_LEN - ids.shape[1]:] = 1
     batched = policy_for(name, **params)
+    if name == "keyformer":
+        batched.sample_indices = [0, 1]
     with prefill(model, batched, batch, mask) as state:
         decode_n_tokens(state, STEPS)
         batch_tokens, batch_logits = state.tokens, state.logits
         batch_kept = [batched.kept_positions(i) for i in range(len(batched.layers))]
     for row, ids in enumerate(singles):
         alone = policy_for(name, **params)
+        if name == "keyformer":
+            alone.sample_indices = [row]
         with prefill(model, alone, ids) as single:
             decode_n_tokens(single, STEPS)
             assert single.tokens[0].tolist() == batch_tokens[row].tolist()
@@ -319,8 +322,7 @@ def test_make_policy_validates():
 def test_noise_has_the_ablation_moments(noise):
     """Gumbel(0, 1) and its moment-matched stand-ins (paper Table 4): mean 0.5772, std 1.2825 (0 for constant)."""
     policy = make_policy("keyformer", noise=noise)
-    policy._generator = torch.Generator().manual_seed(0)
-    zeta = policy._draw((400_000,), torch.zeros(1), tau=1.0)
+    zeta = policy._draw((400_000,), torch.zeros(1), tau=1.0, generator=torch.Generator().manual_seed(0))
     assert abs(zeta.mean().item() - 0.5772) < 0.01
     assert abs(zeta.std().item() - (0.0 if noise == "constant" else 1.2825)) < 0.01
     if noise == "gumbel":  # the Gumbel tail: P(zeta > 3) = 1 - exp(-exp(-3)) = 0.0486
@@ -440,16 +442,15 @@ def test_official_selection_equals_a_direct_reimplementation(arch):
             pass
 
 
-@pytest.mark.parametrize("selection", ["paper", "official"])
-def test_padded_budget_base_keeps_short_prompts_whole_until_the_cache_grows(selection):
-    """budget_base='padded': k = p * max(pad_length, n). A 24-token prompt padded to 40 at p = 0.8 gets
-    k = 32: nothing is evicted until 32 (official: 31) tokens are held, and until then the logits are the
-    stock model's; then the cache stays there."""
+def test_padded_budget_base_keeps_short_prompts_whole_until_the_cache_grows():
+    """budget_base='padded' with the paper's re-ranking: k = p * max(pad_length, n), the pads ranking below
+    every real token. A 24-token prompt padded to 40 at p = 0.8 gets k = 32: nothing is evicted until 32
+    tokens are held, and until then the logits are the stock model's; then the cache stays there. (Official
+    selection: the released masking, tests/keyformer/test_released_code.py.)"""
     model = build("llama_gqa")
     ids = prompt()
-    policy = make_policy("keyformer", cache_ratio=0.8, budget_base="padded", pad_length=40,
-                         selection=selection, max_new_tokens=16)
-    hold = 32 if selection == "paper" else 31
+    policy = make_policy("keyformer", cache_ratio=0.8, budget_base="padded", pad_length=40, max_new_tokens=16)
+    hold = 32
     lengths = []
     with prefill(model, policy, ids) as state:
         assert int(policy.budget[0]) == 32 and policy.kv_lengths() == [PROMPT_LEN] * 2
@@ -471,8 +472,9 @@ def test_padded_budget_base_keeps_short_prompts_whole_until_the_cache_grows(sele
 @pytest.mark.parametrize("pooling", ["avg", "max"])
 def test_snapkv_selects_from_the_pooled_observation_window(pooling):
     """SnapKV's rule applied to the stock model's attention: the last W queries' attention summed over them
-    and over the query heads of a KV group, pooled along the keys, top (k - W) of the first n - W, plus the
-    window; decoding appends every token."""
+    and over the query heads of a KV group, pooled along the prefix only (the first n - W keys, as the
+    references slice `[..., :-window]` before pooling), top (k - W) of them, plus the window; decoding
+    appends every token."""
     import torch.nn.functional as F
 
     model = build("llama_gqa")
@@ -490,8 +492,8 @@ def test_snapkv_selects_from_the_pooled_observation_window(pooling):
         votes = attn[0, :, n - window:].float().sum(dim=1)  # (H_q, n)
         votes = votes.view(-1, group, n).sum(dim=1).unsqueeze(1)  # (H_kv, 1, n)
         pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
-        pooled = pool(votes, kernel, stride=1, padding=kernel // 2).squeeze(1)
-        top = pooled[:, : n - window].topk(k - window, dim=-1).values
+        pooled = pool(votes[..., : n - window], kernel, stride=1, padding=kernel // 2).squeeze(1)
+        top = pooled.topk(k - window, dim=-1).values
         ours = held[layer][0]
         assert bool((ours[:, -window:] == torch.arange(n - window, n)).all()), layer  # the window is kept
         # the key tokens carry the top pooled scores (max pooling makes ties: compare values, not indices)
