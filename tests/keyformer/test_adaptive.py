@@ -20,60 +20,61 @@ def held_counts(event) -> list[int]:
     return (event.kept_positions[0] >= 0).sum(-1).tolist()
 
 
+H2O = {"scoring": "h2o"}  # pyramidkv's and adakv's H2O-allocation variants (kvsim's earlier rules)
+REFERENCE_WINDOW = 4  # the matrix's prompts are 24 tokens: the references' windows (8, 32) would fill k
+
+
 def check_adaptive_lengths(name, model, ids, steps):
-    """Matrix check (every architecture): the budget k, the recent window on every head, each policy's
-    bound on what a head / a layer holds, a buffer of capacity + 1 slots reused in place (mass, pyramidkv),
-    and events and kv_lengths reporting the fullest head."""
-    policy = make_policy(name, cache_ratio=0.5)
+    """Matrix check (every architecture): mass and the H2O-allocation variants of pyramidkv and adakv evict
+    every step (check_evicting_lengths); the references' pyramidkv and adakv compress the prompt once, then
+    grow (check_reference_lengths)."""
+    check_evicting_lengths(name, model, ids, steps)
+    if name in ("pyramidkv", "adakv"):
+        check_reference_lengths(name, model, ids, steps)
+
+
+def check_reference_lengths(name, model, ids, steps):
+    """Reference pyramidkv / adakv: after the prompt each head holds its share of the prefix plus the
+    observation window, then every generated token is appended (nothing leaves); events and kv_lengths report
+    the fullest head."""
+    policy = make_policy(name, cache_ratio=0.5, window=REFERENCE_WINDOW)
     events = []
     policy.add_observer(events.append)
     n = ids.shape[1]
     with prefill(model, policy, ids) as state:
         k, w = int(policy.budget[0]), int(policy.recent[0])
-        assert (k, w) == (n // 2, int(0.3 * (n // 2)))
-        windows = [layer.window for layer in policy.layers]  # sliding-window layers keep their window
-        global_layers = [i for i, window in enumerate(windows) if window is None]
-        layer_budget = None
-        if name == "pyramidkv":  # the pyramid spans the global layers only
-            by_depth = policy.layer_budgets()[0].tolist()
-            layer_budget = dict(zip(global_layers, by_depth))
-        for i, layer in enumerate(policy.layers):
-            if layer.window is not None:
-                assert layer.keys.shape[-2] == layer.window
-                continue
-            capacity = layer_budget[i] if name == "pyramidkv" else k
-            assert layer.keys.shape[-2] >= capacity + 1 if name == "adakv" else layer.keys.shape[-2] == capacity + 1
-        buffers = [layer.keys.data_ptr() for layer in policy.layers]
-        for _ in range(steps):
-            decode_n_tokens(state, 1)
-            if name != "adakv":  # adakv's buffer grows when a head wins more than it has slots for
-                assert [layer.keys.data_ptr() for layer in policy.layers] == buffers
-    n_layers = len(policy.layers)
-    assert len(events) == n_layers * (steps + 1)
+        assert (k, w) == (n // 2, REFERENCE_WINDOW)
+        decode_n_tokens(state, steps)
+    at_prompt = {}
     for event in events:
+        if policy.layers[event.layer].window is not None:
+            continue  # sliding-window layers keep their window: check_evicting_lengths
         counts = held_counts(event)
         assert event.kv_len == max(counts)
+        held = as_sets(event.kept_positions[0])
         newest = n - 1 + (event.step + 1)
-        window = windows[event.layer]
-        if window is not None:  # the window - 1 newest tokens on every head
-            assert counts == [window - 1] * len(counts)
-            assert (event.kept_positions == torch.arange(newest - window + 2, newest + 1)).all()
-            continue
-        for head, held in zip(counts, event.kept_positions[0]):
-            kept = set(held[:head].tolist())
-            assert bool((held[head:] == -1).all()) and len(kept) == head
-            assert set(range(newest - w + 1, newest + 1)) <= kept  # the recent window stays
-        if name == "mass":
-            assert all(w <= c <= k for c in counts)
-        elif name == "pyramidkv":
-            assert counts == [layer_budget[event.layer]] * len(counts)
+        if event.step == -1:
+            at_prompt[event.layer] = counts
+            if name == "pyramidkv":
+                assert len(set(counts)) == 1  # one budget per layer
+            else:
+                per_head = k - w
+                assert all(c >= w + int(0.5 * per_head) for c in counts)
+                assert abs(sum(counts) - len(counts) * k) <= len(counts)  # rounding of the shares
         else:
-            assert sum(counts) == k * len(counts) and min(counts) >= w
-    assert policy.kv_lengths() == [e.kv_len for e in events[-n_layers:]]
+            assert counts == [c + event.step + 1 for c in at_prompt[event.layer]]
+        for kept in held:
+            assert set(range(n - w, newest + 1)) <= kept  # the window and everything generated stay
     if name == "pyramidkv":
-        assert sum(by_depth) == k * len(global_layers) and by_depth == sorted(by_depth, reverse=True)
+        depth = [at_prompt[i][0] for i in sorted(at_prompt)]
+        assert depth == sorted(depth, reverse=True)
 
 
+def check_evicting_lengths(name, model, ids, steps):
+    """The budget k, the recent window on every head, each policy's bound on what a head / a layer holds, a
+    buffer of capacity + 1 slots reused in place (mass, pyramidkv), and events and kv_lengths reporting the
+    fullest head."""
+    policy = make_policy(name, cache_ratio=0.5, **({} if name == "mass" else H2O))
 def peaked_llama():
     """llama_gqa with the query heads of KV head 0 sharpened (x8) and those of KV head 1 flattened (x0.3): one
     head attends to a few tokens, the other broadly, so adaptive budgets differ between them."""
@@ -166,7 +167,7 @@ def test_pyramidkv_selects_within_each_layer_by_h2o_scores():
     model = peaked_llama()
     ids = prompt(40, seed=43)
     n = ids.shape[1]
-    policy = make_policy("pyramidkv", cache_ratio=0.5)
+    policy = make_policy("pyramidkv", cache_ratio=0.5, **H2O)
     seen = kept_at_prompt(policy, model, ids)
     budgets = [34, 6]  # k = 20, w = 6: test_pyramid_schedule
     for layer, scores in enumerate(prompt_scores(model, ids)):
@@ -181,7 +182,7 @@ def test_adakv_shares_the_layer_budget_across_heads():
     model = peaked_llama()
     ids = prompt(40, seed=44)
     n, k, w = 40, 20, 6
-    policy = make_policy("adakv", cache_ratio=0.5)
+    policy = make_policy("adakv", cache_ratio=0.5, **H2O)
     seen = kept_at_prompt(policy, model, ids, steps=8)
     for layer, scores in enumerate(prompt_scores(model, ids)):
         heads = scores.shape[0]
@@ -198,7 +199,7 @@ def test_adakv_shares_the_layer_budget_across_heads():
 def test_adakv_heads_win_what_their_scores_earn():
     """The joint rule on scores where one head is sharp (two tokens carry its score) and one broad: the broad
     head takes most of the layer's budget, the sharp one keeps its two plus its window; empty slots never."""
-    policy = make_policy("adakv", cache_ratio=0.5)
+    policy = make_policy("adakv", cache_ratio=0.5, **H2O)
     policy.hold = torch.tensor([4])
     positions = torch.arange(10).expand(1, 2, 10).clone()
     positions[0, 1, 9] = -1  # an empty slot
@@ -228,7 +229,7 @@ def test_adakv_grows_the_buffer_of_a_head_that_wins_more_than_k(arch):
 
     model = build(arch)
     ids = prompt(24, seed=45)
-    policy = make_policy("adakv", cache_ratio=0.5)
+    policy = make_policy("adakv", cache_ratio=0.5, **H2O)
     kept = {}
     policy.add_observer(lambda e: kept.__setitem__((e.step, e.layer), e.kept_positions.clone()))
     steps = 5
@@ -251,3 +252,82 @@ def test_adakv_grows_the_buffer_of_a_head_that_wins_more_than_k(arch):
     reference = masked_reference_logits(model, ids, fed, kept, group)
     for step, (a, b) in enumerate(zip(ours, reference)):
         assert torch.allclose(a, b, atol=1e-5, rtol=0), (step, (a - b).abs().max())
+
+
+def window_votes_pooled(model, ids, window, kernel=7):
+    """The references' vote from the stock model: the last `window` queries' attention on the prefix
+    [0, n - window), summed over them and over the query heads of a KV group, max-pooled over the prefix
+    only; (H_kv, n - window) per layer."""
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    group = model.config.num_attention_heads // model.config.num_key_value_heads
+    n = ids.shape[1]
+    pooled = []
+    for attn in out.attentions:
+        votes = attn[0, :, n - window:, : n - window].double().sum(dim=1)  # (H_q, n - window)
+        votes = votes.view(-1, group, n - window).sum(dim=1).unsqueeze(1)
+        pooled.append(F.max_pool1d(votes, kernel, stride=1, padding=kernel // 2).squeeze(1))
+    return pooled
+
+
+def test_reference_pyramid_schedule():
+    """The released integer rule: uniform e when n < 2e, the whole prefix when n <= C, otherwise max_num -
+    l * steps with steps floored (so the layers' mean is not exactly e)."""
+    from keyformer.pyramidkv import reference_pyramid
+
+    assert reference_pyramid(20, 8, 40, 2, 20) == [24, 0]           # e = 12, high 24, low 0
+    assert reference_pyramid(20, 8, 22, 2, 20) == [12, 12]          # n < 2e: every layer keeps e
+    assert reference_pyramid(20, 8, 20, 3, 20) == [12, 12, 12]      # n = C: the whole prefix
+    budgets = reference_pyramid(128, 8, 1000, 32, 20)               # e = 120: low 6, high 234, steps 7
+    assert budgets[0] == 234 and budgets[-1] == 234 - 31 * 7 and sum(budgets) != 120 * 32
+    # n = 2e: high 234 clipped to n - w = 232, low = 2e - 232 = 8, steps (232 - 8) // 3 = 74
+    assert reference_pyramid(128, 8, 240, 4, 20) == [232, 158, 84, 10]
+
+
+def test_pyramidkv_reference_selects_once_from_the_pooled_window_votes():
+    """Reference pyramidkv against the rule on the stock model: window 8, kernel 7 max pooling over the
+    prefix, each layer its integer budget, then the cache appends every token."""
+    from keyformer.pyramidkv import reference_pyramid
+
+    model = peaked_llama()
+    ids = prompt(40, seed=46)
+    n, window = 40, 8
+    policy = make_policy("pyramidkv", cache_ratio=0.5)
+    seen = kept_at_prompt(policy, model, ids, steps=4)
+    assert int(policy.recent[0]) == window
+    budgets = reference_pyramid(20, window, n, 2, 20)
+    for layer, pooled in enumerate(window_votes_pooled(model, ids, window)):
+        for head, row in enumerate(pooled):
+            chosen = as_sets(seen[(-1, layer)])[head]
+            assert chosen >= set(range(n - window, n)) and len(chosen) == budgets[layer] + window
+            picked = torch.tensor(sorted(chosen - set(range(n - window, n))), dtype=torch.long)
+            top = row.topk(budgets[layer]).values if budgets[layer] else row[:0]
+            assert torch.allclose(row[picked].sort(descending=True).values, top, atol=1e-6), (layer, head)
+        assert as_sets(seen[(3, layer)]) == [s | set(range(n, n + 4)) for s in as_sets(seen[(-1, layer)])]
+
+
+def test_adakv_reference_shares_the_prefix_budget_with_a_floor():
+    """Reference adakv: B = k - window per head; the joint top H x B of the pooled votes gives head h a count
+    c_h, and it keeps its own top round(c_h / 2 + int(B / 2)) plus the window; then the cache grows."""
+    model = peaked_llama()
+    ids = prompt(40, seed=47)
+    n, k, window = 40, 20, 8
+    policy = make_policy("adakv", cache_ratio=0.5, window=window)
+    seen = kept_at_prompt(policy, model, ids, steps=3)
+    per_head = k - window
+    shares = set()
+    for layer, pooled in enumerate(window_votes_pooled(model, ids, window)):
+        heads, prefix = pooled.shape
+        joint = pooled.reshape(-1).topk(heads * per_head).indices // prefix
+        counts = torch.bincount(joint, minlength=heads).double()
+        caps = torch.round(counts * 0.5 + int(per_head * 0.5)).long().tolist()
+        shares |= set(caps)
+        for head, row in enumerate(pooled):
+            chosen = as_sets(seen[(-1, layer)])[head] - set(range(n - window, n))
+            assert len(chosen) == caps[head], (layer, head)
+            picked = torch.tensor(sorted(chosen), dtype=torch.long)
+            assert torch.allclose(row[picked].sort(descending=True).values, row.topk(caps[head]).values, atol=1e-6)
+        assert as_sets(seen[(2, layer)]) == [s | set(range(n, n + 3)) for s in as_sets(seen[(-1, layer)])]
+    assert len(shares) > 1  # the sharp and the broad head get different shares
