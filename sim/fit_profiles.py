@@ -39,7 +39,7 @@ from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
 from sim.validation import published_kernels as pk
 
-SHIPPED_OUT = pe.FIT_FILE
+SHIPPED_OUT = pe.SHIPPED_FIT_FILE
 DEFAULT_OUT = Path("results") / "fit-profiles" / "gpu-published-fit.yaml"
 FIT_ENGINE = "trtllm"          # the profile each row's terms are built on (the row's own stack decides runtime)
 TERMS = pe.FITTED_TERMS
@@ -269,12 +269,51 @@ def build_parser():
     p.add_argument("--update-shipped", action="store_true",
                    help=f"write the tracked profile file {pg.display_path(SHIPPED_OUT)}")
     p.add_argument("--workers", type=int, default=2, help="processes for the folds (default 2)")
+    p.add_argument("--measured-run", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="instead: fit the stack's host terms and GEMM efficiency to your own benchmark runs (vLLM "
+                        "bench serve JSON, SGLang bench_serving JSONL, trtllm-bench report), replayed in the DES; "
+                        "writes results/fit-profiles/measured-fit.yaml (use it with KVSIM_ENGINE_PROFILES=FILE)")
+    p.add_argument("--hw", default=None, help="with --measured-run: the device the runs ran on (name or YAML)")
+    p.add_argument("--model", default=None, help="with --measured-run: the model, where the files do not name one")
+    p.add_argument("--tp", type=int, default=None, help="with --measured-run: tensor-parallel size, if not 1")
     p.add_argument("--quiet", action="store_true", help="no summary on stdout")
     return p
 
 
+MEASURED_OUT = Path("results") / "fit-profiles" / "measured-fit.yaml"
+
+
+def _measured(args) -> int:
+    """--measured-run: the user's runs fit their stack's own terms (sim.fit_measured)."""
+    from sim import fit_measured
+    from sim.validation.measured_run import load_measured_runs
+    if args.update_shipped:
+        raise ValueError("--measured-run writes a profile of your own runs, never the shipped file: drop --update-shipped")
+    if not args.hw:
+        raise ValueError("--measured-run needs --hw (the device the runs ran on)")
+    out = args.out or MEASURED_OUT
+    if out == MEASURED_OUT:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    output_file("--out", out)
+    runs = [run for path in args.measured_run for run in load_measured_runs(path)]
+    result = fit_measured.fit_runs(runs, hw=args.hw, model=args.model, tp=args.tp)
+    command = "python -m sim.fit_profiles --measured-run " + " ".join(p.name for p in args.measured_run) + \
+        f" --hw {args.hw}" + (f" --model {args.model}" if args.model else "")
+    doc = fit_measured.document(result, args.measured_run, command)
+    write_document(doc, out)
+    if not args.quiet:
+        fit = doc["fit"]
+        terms = ", ".join(f"{n}={result['terms'][n]:.4g}" for n in result["fitted"])
+        print(f"{len(doc['items'])} measured metrics of {len(runs)} run(s) ({result['engine']}, {result['runtime']}): "
+              f"MAPE {fit['mape_before_pct']:.1f}% with the shipped terms -> {fit['mape_after_pct']:.1f}% with {terms}: "
+              f"{pg.display_path(out)}")
+    return 0
+
+
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.measured_run is not None:
+        return _measured(args)
     if args.update_shipped and args.out is not None:
         raise ValueError("--out and --update-shipped: give one")
     if args.workers < 1:

@@ -68,15 +68,20 @@ def gemm_rows_limit(hw, ops, eff):
 
 def _own_rates(ops, t_compute, flops, peak):
     """An engine profile's kernel rates (Profile.adjust_ops): Op.compute_eff replaces the op's compute
-    efficiency (a fraction of its peak, whatever kernel the device would pick), Op.compute_scale
-    multiplies it (slower compute: the time is divided by the scale)."""
+    efficiency (a fraction of its peak, whatever kernel the device would pick; NaN at a point: the
+    device's own rate there), Op.compute_scale multiplies it (slower compute: the time is divided by the
+    scale)."""
     if not any(op.compute_eff is not None or op.compute_scale is not None for op in ops):
         return t_compute
     t_compute = np.array(t_compute, dtype=float, copy=True)
     peak = np.broadcast_to(peak, t_compute.shape)
     for i, op in enumerate(ops):
         if op.compute_eff is not None:
-            t_compute[i] = flops[i] / (peak[i] * op.compute_eff)
+            own = np.asarray(op.compute_eff, dtype=float)
+            if np.isnan(own).any():     # points that keep the device's rate (e.g. a kernel mix by KV dtype)
+                t_compute[i] = np.where(np.isnan(own), t_compute[i], flops[i] / (peak[i] * np.nan_to_num(own, nan=1.0)))
+            else:
+                t_compute[i] = flops[i] / (peak[i] * op.compute_eff)
         if op.compute_scale is not None:
             t_compute[i] = t_compute[i] / op.compute_scale
     return t_compute

@@ -66,12 +66,12 @@ def fp8_kv_factor(hw, v: dict, family: str, group: float, tensor_core_rate: floa
 
 def compute_eff(family: str, group: float, v: dict, fp32: float, act_peak, kv_1byte, fp8_factor):
     """Op.compute_eff of the attention ops (a fraction of the activation dtype's peak), or None for the
-    tensor-core family over a 16-bit cache (the device's own GEMM curve)."""
+    tensor-core family over a 16-bit cache (the device's own GEMM curve; NaN at the 16-bit points of a mix)."""
     kv = np.where(kv_1byte, fp8_factor, 1.0)
     if family == "tensor-core":
-        if not np.any(kv_1byte) or fp8_factor >= 1.0:
+        if not np.any(kv_1byte):
             return None
-        return np.minimum(kv, 1.0)
+        return np.where(kv_1byte, np.minimum(kv, 1.0), np.nan)
     reuse = group if family == "cuda-core" else 1.0
     return np.minimum(v[CORE_TERM[family]] * reuse * kv * fp32 / act_peak, 1.0)
 

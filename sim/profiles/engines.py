@@ -32,6 +32,7 @@ streaming efficiency stays <= 1 of peak bandwidth, so every step still respects 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -43,7 +44,10 @@ from sim.op import Op
 from sim.profiles import attention as attn
 from sim.profiles.base import DECODE_ATTENTION_OPS, PROFILES, Profile, read_fit_yaml, register_profile
 
-FIT_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "gpu-published-fit.yaml"
+SHIPPED_FIT_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "gpu-published-fit.yaml"
+# KVSIM_ENGINE_PROFILES: a profile file of the user's (e.g. sim.fit_profiles --measured-run's) in place of the shipped one
+FIT_FILE = Path(os.environ["KVSIM_ENGINE_PROFILES"]).expanduser() if os.environ.get("KVSIM_ENGINE_PROFILES") \
+    else SHIPPED_FIT_FILE
 STACKS_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "stacks.yaml"
 ENGINES = ("trtllm", "vllm")
 RUNTIMES = ("classic", "pytorch", "vllm-v0", "vllm-v1")
@@ -187,8 +191,27 @@ def decode_attention_kernel(model, engine: str = "trtllm", kv_1byte: bool = Fals
     return Kernels(engine).family(model, kv_1byte)
 
 
+def _scalar_attention_rates(ctx, v: dict, family: str, kv_1byte: bool):
+    """_attention_rates for one point (the DES hot path: plain floats, one call of the device curve)."""
+    m, hw = ctx.model, ctx.hw
+    group = m.n_heads / m.n_kv_heads
+    peak_bw = float(hw.memory_bw)
+    kernel_bytes = max(2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
+                       + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads), 1.0)
+    eff = min(v[attn.BW_TERM[family]] * kernel_bytes / (kernel_bytes + v["attn_latency_s"] * peak_bw), 1.0)
+    device_eff = float(np.asarray(hw.bw_efficiency(np.array([kernel_bytes]))).ravel()[0])
+    bw_scale = eff / device_eff / attn.reread(family, group, v)
+    fp32, bf16 = float(hw.peak_flops("fp32")), float(hw.peak_flops("bf16"))
+    factor = attn.fp8_kv_factor(hw, v, family, group, bf16, fp32) if kv_1byte else 1.0
+    c_eff = attn.compute_eff(family, group, v, fp32, fp32 if ctx.ab >= 4.0 else bf16, kv_1byte, factor)
+    return bw_scale, (None if c_eff is None or np.isnan(c_eff) else float(c_eff))
+
+
 def _attention_rates(ctx, v: dict, family: str, kv_1byte):
     """(bw_scale, compute_eff) of the decode-attention ops under `family` (arrays over points)."""
+    if all(isinstance(x, (int, float)) for x in (ctx.rows, ctx.new_tokens, ctx.past_tokens, ctx.kvb, ctx.ab)) \
+            and isinstance(kv_1byte, (bool, np.bool_)):
+        return _scalar_attention_rates(ctx, v, family, bool(kv_1byte))
     m, hw = ctx.model, ctx.hw
     group = m.n_heads / m.n_kv_heads
     peak_bw = float(hw.memory_bw)
@@ -215,31 +238,40 @@ def _adjuster(v: dict, kernels: Kernels):
 
     def adjust_ops(ctx, ops):
         # FP8 GEMMs: the fp8 weight dtype (per point when the points mix dtypes: 1-byte weights)
-        fp8_weights = (ctx.weight_dtype == "fp8" if ctx.weight_dtype != "mixed"
-                       else np.asarray(ctx.wb, float) == 1.0)
-        gemm_scale = gemm * np.where(fp8_weights, fp8, 1.0)
+        if ctx.weight_dtype != "mixed":
+            gemm_scale = gemm * (fp8 if ctx.weight_dtype == "fp8" else 1.0)
+        else:
+            gemm_scale = gemm * np.where(np.asarray(ctx.wb, float) == 1.0, fp8, 1.0)
         decode_attention = ctx.phase == "decode" and ctx.hw is not None and hasattr(ctx.hw, "peak_flops")
         bw_scale = c_eff = None
-        if decode_attention:
+        if decode_attention and isinstance(ctx.kvb, (int, float)):   # one KV dtype: one kernel (the DES's case)
+            kv_1byte = ctx.kvb <= 1.0
+            bw_scale, c_eff = _attention_rates(ctx, v, kernels.family(ctx.model, kv_1byte), kv_1byte)
+        elif decode_attention:
             kv_1byte = np.asarray(ctx.kvb, float) <= 1.0
             families = {kernels.family(ctx.model, bool(flag)) for flag in np.unique(kv_1byte)}
             if len(families) == 1:
                 bw_scale, c_eff = _attention_rates(ctx, v, families.pop(), kv_1byte)
-            else:   # points mixing 1- and 2-byte KV run different kernels (a tensor-core kernel's device
-                # curve is taken as its peak there: decode attention never binds on tensor cores)
+            else:   # points mixing 1- and 2-byte KV run different kernels (NaN: the device's own rate)
                 one = _attention_rates(ctx, v, kernels.family(ctx.model, True), kv_1byte)
                 two = _attention_rates(ctx, v, kernels.family(ctx.model, False), kv_1byte)
                 bw_scale = np.where(kv_1byte, one[0], two[0])
-                c_eff = np.where(kv_1byte, 1.0 if one[1] is None else one[1], 1.0 if two[1] is None else two[1])
+                c_eff = np.where(kv_1byte, np.nan if one[1] is None else one[1],
+                                 np.nan if two[1] is None else two[1])
+        # arrays stay arrays, 0-d values become floats (the engine's scalar path)
+        gemm_scale = gemm_scale if isinstance(gemm_scale, float) or np.ndim(gemm_scale) else float(gemm_scale)
+        bw_scale = bw_scale if bw_scale is None or isinstance(bw_scale, float) or np.ndim(bw_scale) else float(bw_scale)
+        c_eff = c_eff if c_eff is None or isinstance(c_eff, float) or np.ndim(c_eff) else float(c_eff)
+        prefill = ctx.phase == "prefill"
         for op in ops:
             if op.gemm:
-                op.compute_scale = gemm_scale if np.ndim(gemm_scale) else float(gemm_scale)
-            elif ctx.phase == "prefill" and op.name in ("attn_scores", "attn_v"):
+                op.compute_scale = gemm_scale
+            elif prefill and (op.name == "attn_scores" or op.name == "attn_v"):
                 op.compute_scale = v["attn_prefill_eff"]
             elif decode_attention and op.name in DECODE_ATTENTION_OPS:
-                op.bw_scale = bw_scale if np.ndim(bw_scale) else float(bw_scale)
+                op.bw_scale = bw_scale
                 if c_eff is not None:
-                    op.compute_eff = c_eff if np.ndim(c_eff) else float(c_eff)
+                    op.compute_eff = c_eff
     return adjust_ops
 
 
