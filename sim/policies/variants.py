@@ -49,7 +49,8 @@ def read_variant(text, names) -> PolicyVariant:
     variant = PolicyVariant.read(text)
     if variant.name not in names:
         raise ValueError(f"unknown policy {variant.name!r}; expected one of {', '.join(names)}")
-    return check_variant(variant, parameters(variant.name), RESERVED)
+    # a bare name needs no keyformer/ source (a simulator-only install still runs every base policy)
+    return check_variant(variant, parameters(variant.name), RESERVED) if variant.params else variant
 
 
 def resolve(text, names, recent_ratio: float | None = None) -> tuple[PolicyVariant, float]:

@@ -70,3 +70,15 @@ def test_generate_runs_variants(capsys):
     assert recent["params"]["recent_ratio"] == 0.2 and recent["recent_window"] == int(0.2 * recent["kv_budget"])
     sinks = generate(capsys, "--policy", "streaming:n_sinks=2", "--cache-ratio", "0.5")
     assert sinks["params"]["n_sinks"] == 2
+
+
+def test_capture_labels_are_what_the_simulator_reads(tmp_path):
+    """traces.capture stores a variant under the label sim.predict/sim.serve/sim.sweep take back (either spelling
+    in, one label out)."""
+    from sim import policies
+    from traces.capture import CaptureConfig
+    typed = ["keyformer:selection=official", "keyformer(budget_base=padded)", "h2o:recent_ratio=0.20"]
+    config = CaptureConfig(model="stories260k", policies=typed, dataset="tinystories", out=tmp_path / "t")
+    labels = [spec.label for spec in config.specs]
+    assert labels == ["keyformer(selection=official)", "keyformer(budget_base=padded)", "h2o(recent_ratio=0.2)"]
+    assert [policies.label(text) for text in typed] == labels == [policies.label(label) for label in labels]

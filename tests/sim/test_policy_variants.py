@@ -157,3 +157,14 @@ def test_variants_need_no_torch():
             "policies.get('h2o:recent_ratio=0.2').budget(10, 0.5); assert 'torch' not in sys.modules, 'torch'")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_bare_names_need_no_keyformer_source(monkeypatch):
+    from sim.policies import variants
+
+    def missing():
+        raise ValueError("policy variants need the keyformer package's source (not found)")
+    monkeypatch.setattr(variants, "keyformer_folder", missing)
+    assert policies.label("h2o") == "h2o" and variants.resolve("keyformer", policies.NAMES)[1] == 0.3
+    with pytest.raises(ValueError, match="keyformer package's source"):
+        variants.read_variant("keyformer:selection=official", policies.NAMES)

@@ -78,7 +78,7 @@ class CaptureConfig:
         self.out = Path(self.out).expanduser()
         if not self.policies:
             raise ValueError("give at least one --policy")
-        self.specs = [p if isinstance(p, PolicySpec) else PolicySpec.parse(p) for p in self.policies]
+        self.specs = [p if isinstance(p, PolicySpec) else PolicySpec.read(p) for p in self.policies]   # either spelling
         labels = [s.label for s in self.specs]
         if len(set(labels)) != len(labels):
             raise ValueError(f"policy given twice: {', '.join(labels)}")
