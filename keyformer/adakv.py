@@ -23,19 +23,14 @@ from typing import ClassVar
 
 import torch
 
-from keyformer.base import Policy
-from keyformer.pyramidkv import SCORINGS
+from keyformer.pyramidkv import WindowVoteScoring
 from keyformer.scoring import top_by_rank
-from keyformer.snapkv import POOLINGS, check_window_kernel, pool_prefix, window_votes
 from kvcommon.score_costs import SCORE_FLOPS_PER_ELEMENT
 
 
 @dataclass
-class AdaKVPolicy(Policy):
-    scoring: str = "reference"  # "reference" (the released code) | "h2o" (H2O-allocation variant)
+class AdaKVPolicy(WindowVoteScoring):
     window: int = 32  # reference: observation window (the released scripts: 32)
-    kernel: int = 7  # reference: pooling kernel (7)
-    pooling: str = "max"  # reference: pooling ("maxpool")
     floor_alpha: float = 0.5  # reference: share of B every head keeps whatever the others' scores
     name: ClassVar[str] = "adakv"
     needs_scores: ClassVar[bool] = True
@@ -44,33 +39,8 @@ class AdaKVPolicy(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.scoring not in SCORINGS:  # the choices are written here so kvcommon.policy_params reads them
-            raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        check_window_kernel(self)
         if not 0.0 <= self.floor_alpha <= 1.0:
             raise ValueError(f"floor_alpha must be in [0, 1], got {self.floor_alpha}")
-
-    @property
-    def evicts_while_decoding(self) -> bool:  # the reference compresses the prompt once, then grows
-        return self.scoring == "h2o"
-
-    def recent_tokens(self, budget: torch.Tensor) -> torch.Tensor:
-        if self.scoring == "reference":
-            return torch.clamp(budget, max=self.window)
-        return super().recent_tokens(budget)
-
-    def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
-        if self.scoring == "reference":
-            return window_votes(probs, self.prompt_positions, self.prompt_lengths, self.window)
-        return probs
-
-    def finalize_prompt_scores(self, scores: torch.Tensor) -> torch.Tensor:
-        if self.scoring == "reference":
-            return pool_prefix(scores, self.prompt_positions, self.prompt_lengths - self.window, self.kernel,
-                               self.pooling)
-        return scores
 
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
         return scores

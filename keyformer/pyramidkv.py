@@ -75,16 +75,14 @@ def reference_pyramid(capacity: int, window: int, prompt_len: int, n_layers: int
 
 
 @dataclass
-class PyramidKVPolicy(Policy):
-    beta: float = 20.0  # top layer's share above the window: (k - w) / beta (the released code's default)
+class WindowVoteScoring(Policy):
+    """What pyramidkv and adakv share: `scoring="reference"` scores as SnapKV does (the observation window's
+    vote, pooled over the prefix) and selects at the prompt only, then the cache grows; `scoring="h2o"` uses
+    H2O's accumulated attention with the recent window r k and evicts every step."""
     scoring: str = "reference"  # "reference" (the released code) | "h2o" (H2O-allocation variant)
-    window: int = 8  # reference: observation window (the released scripts' window_sizes = 8)
-    kernel: int = 7  # reference: pooling kernel (kernel_sizes = 7)
+    window: int = 8  # reference: observation window
+    kernel: int = 7  # reference: pooling kernel (the released scripts' kernel_sizes = 7)
     pooling: str = "max"  # reference: pooling ("maxpool")
-    name: ClassVar[str] = "pyramidkv"
-    needs_scores: ClassVar[bool] = True
-    variable_lengths: ClassVar[bool] = True
-    score_flops_per_element: ClassVar[int] = SCORE_FLOPS_PER_ELEMENT["pyramidkv"]  # counted in kvcommon.score_costs
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,8 +91,6 @@ class PyramidKVPolicy(Policy):
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         check_window_kernel(self)
-        if self.beta < 1:
-            raise ValueError(f"beta must be >= 1, got {self.beta}")
 
     @property
     def evicts_while_decoding(self) -> bool:  # the reference compresses the prompt once, then grows
@@ -104,6 +100,32 @@ class PyramidKVPolicy(Policy):
         if self.scoring == "reference":
             return torch.clamp(budget, max=self.window)
         return super().recent_tokens(budget)
+
+    def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
+        if self.scoring == "reference":
+            return window_votes(probs, self.prompt_positions, self.prompt_lengths, self.window)
+        return probs
+
+    def finalize_prompt_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.scoring == "reference":
+            return pool_prefix(scores, self.prompt_positions, self.prompt_lengths - self.window, self.kernel,
+                               self.pooling)
+        return scores
+
+
+@dataclass
+class PyramidKVPolicy(WindowVoteScoring):
+    beta: float = 20.0  # top layer's share above the window: (k - w) / beta (the released code's default)
+    window: int = 8  # reference: observation window (the released scripts' window_sizes = 8)
+    name: ClassVar[str] = "pyramidkv"
+    needs_scores: ClassVar[bool] = True
+    variable_lengths: ClassVar[bool] = True
+    score_flops_per_element: ClassVar[int] = SCORE_FLOPS_PER_ELEMENT["pyramidkv"]  # counted in kvcommon.score_costs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta < 1:
+            raise ValueError(f"beta must be >= 1, got {self.beta}")
 
     def global_layers(self) -> list[int]:
         """The layers the pyramid spans: all but the sliding-window ones (which keep their window)."""
@@ -123,17 +145,6 @@ class PyramidKVPolicy(Policy):
 
     def _depth(self, layer_idx: int) -> int:
         return self.global_layers().index(layer_idx)
-
-    def score_increment(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
-        if self.scoring == "reference":
-            return window_votes(probs, self.prompt_positions, self.prompt_lengths, self.window)
-        return probs
-
-    def finalize_prompt_scores(self, scores: torch.Tensor) -> torch.Tensor:
-        if self.scoring == "reference":
-            return pool_prefix(scores, self.prompt_positions, self.prompt_lengths - self.window, self.kernel,
-                               self.pooling)
-        return scores
 
     def priority(self, positions: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
         return scores
