@@ -146,15 +146,16 @@ def test_teacher_forced_capture_feeds_the_reference(tiny_dataset, tmp_path):
 
 
 def test_batched_summary_capture_equals_the_per_sample_detailed_one(tmp_path, tiny_trace_dir, tiny_dataset):
-    """Left-padded batches decode like single samples (noise-free policies; Keyformer's noise is drawn per
-    batch), and the summary rows are the detailed rows' means over layers and heads."""
+    """Left-padded batches decode like single samples, Keyformer's noise included (each sample draws from its
+    own stream: seed and sample id), and the summary rows are the detailed rows' means over layers and heads."""
     from traces.capture import run_capture
 
     out = run_capture(tiny_config(tmp_path / "batched", tiny_dataset, batch_size=2, detail="summary"))
     batched, single = traces.load(out), traces.load(tiny_trace_dir)
     assert batched.manifest["detail"] == "summary" and len(batched.kept) == 0
     assert set(batched.kv["layer"]) == {-1} and set(batched.kv["head"]) == {-1}
-    noise_free = [p for p in single.texts["policy"].unique() if p != "keyformer"]
+    # every policy, Keyformer's Gumbel noise included (a padded batch: tests/keyformer/test_released_code.py)
+    noise_free = list(single.texts["policy"].unique())
     key = ["sample", "policy", "cache_ratio"]
     a = single.texts[single.texts["policy"].isin(noise_free)].set_index(key)["tokens"].map(tuple)
     b = batched.texts[batched.texts["policy"].isin(noise_free)].set_index(key)["tokens"].map(tuple)
@@ -169,3 +170,35 @@ def test_batched_summary_capture_equals_the_per_sample_detailed_one(tmp_path, ti
     both = steps_a.to_frame("a").join(steps_b.rename("b"), how="inner")
     both = both[both.index.get_level_values("policy").isin(noise_free)]
     assert np.allclose(both["a"], both["b"], atol=1e-3)
+
+
+def test_text_rows_record_the_rules_each_run_used(tiny_trace_dir):
+    """Every run says the keyformer/ rule version it ran under; noise policies how their streams were seeded;
+    the manifest's variant parameters say which beam-noise rule Keyformer used."""
+    import keyformer
+
+    trace = traces.load(tiny_trace_dir)
+    texts = trace.texts
+    assert (texts["rules_version"] == keyformer.RULES_VERSION).all()
+    noisy = texts["policy"].str.startswith("keyformer")
+    assert (texts.loc[noisy, "noise_stream"] == "seed/crc32(sample id)/replica").all()
+    assert texts.loc[~noisy, "noise_stream"].isna().all()
+    assert trace.manifest["policy"]["variants"]["keyformer"]["params"]["beam_noise"] == "shared"
+
+
+def test_bundled_traces_say_they_ran_under_the_first_rules():
+    """Trace folders captured before issue 26 carry rules_version 1 and, where a label's meaning moved, the
+    rule they used: pyramidkv/adakv as the H2O-allocation variant (scoring=h2o), SnapKV's pooling over the
+    window, Keyformer's per-prefill reseeding and official-mode rounding."""
+    from kvcommon.variants import PolicyVariant
+
+    for folder in traces.bundled():
+        manifest = json.loads((traces.catalog().trace(folder) / "manifest.json").read_text())
+        policy = manifest["policy"]
+        assert policy.get("rules_version") == 1, folder
+        for label, variant in policy["variants"].items():
+            name = PolicyVariant.from_label(label).name
+            if name in ("pyramidkv", "adakv"):
+                assert variant["params"]["scoring"] == "h2o", (folder, label)
+            if name in ("keyformer", "snapkv"):
+                assert variant["rules"], (folder, label)

@@ -8,6 +8,7 @@ exactly as keyformer.generate does, one token per decode step.
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,23 @@ def make_policy(spec: PolicySpec, cache_ratio: float, recent_ratio: float | None
     return keyformer.make_policy(spec.name, **params)
 
 
+def sample_stream(sample_id: str) -> int:
+    """The sample index a noise policy's stream is seeded with (keyformer: seed, sample, replica): a hash of the
+    sample's id, so a sample draws the same noise in any batch, order, subset or resumed shard of a capture."""
+    return zlib.crc32(str(sample_id).encode())
+
+
+def rules_metadata(policy) -> dict:
+    """What a variant's label cannot say, as flat fields of each text row: the rule version of keyformer/ it
+    ran under and, for noise policies, how its noise streams were seeded (docs/traces.md, "Rule versions")."""
+    import keyformer
+
+    rules = {"rules_version": keyformer.RULES_VERSION}
+    if hasattr(policy, "sample_indices"):
+        rules["noise_stream"] = "seed/crc32(sample id)/replica"
+    return rules
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -77,8 +95,9 @@ def capture_batch(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float 
     greedy unless `forced` gives each sample's tokens. Returns one result per sample.
 
     Budgets, positions and kept tokens are per sequence (k from each sample's own, unpadded length); a step's
-    wall time is the batch's. Noise policies draw noise for the batch, so a Keyformer run's kept tokens
-    depend on the batch it ran in (seeded, hence reproducible for the same batches).
+    wall time is the batch's. Noise policies draw each sample's noise from its own stream (seed, sample id:
+    `sample_stream`), so a Keyformer run's kept tokens do not depend on the batch it ran in. Each text row
+    records the rules the run used (`rules_metadata`).
 
     `record` (keyformer.generate.record_prefill of this padded batch) replaces the prompts' forward: the
     policy selects from the recorded full-attention logits, the same computation (tests/keyformer checks
@@ -94,6 +113,8 @@ def capture_batch(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float 
     shadow_memos = shadow_memos or [None] * batch
     ids, mask = padded_batch(prompts, lm.tokenizer, device)
     policy = make_policy(spec, cache_ratio, recent_ratio, max_new_tokens, seed)
+    if hasattr(policy, "sample_indices"):  # noise streams: (seed, sample, replica), whatever the batch
+        policy.sample_indices = [sample_stream(s) for s in sample_ids]
     cache_kw = compat.cache_kwarg_name(model)
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -154,6 +175,7 @@ def capture_batch(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float 
             token = record_step(step, out.logits[:, -1], wall, peak)
 
     results = []
+    rules = rules_metadata(policy)
     eos = lm.tokenizer.eos_token_id
     for b in range(batch):
         n, generated = len(prompts[b]), tokens[b]
@@ -166,7 +188,7 @@ def capture_batch(lm, spec: PolicySpec, cache_ratio: float, recent_ratio: float 
         text = {"sample": sample_ids[b], "policy": spec.label, "cache_ratio": cache_ratio, "prompt_len": n,
                 "generated": lm.tokenizer.decode(generated[:cut], skip_special_tokens=True).strip(),
                 "reference": references[b], "tokens": generated, "teacher_forced": forced is not None,
-                "stopped_at_eos": cut < len(generated), "batch": batch}
+                "stopped_at_eos": cut < len(generated), "batch": batch, **rules}
         results.append(RunResult(kv, kept, pd.DataFrame(step_rows[b]), text))
     return results
 
