@@ -16,7 +16,9 @@ DEFAULT_POLICY = "full"
 DEFAULT_CACHE_RATIO = 1.0
 DEFAULT_RECENT_RATIO = 0.3
 DEFAULT_DTYPE = "bf16"
-DEFAULT_PROFILE = "fused"
+# `auto`: the fitted engine profile of the device's class (GPU: trtllm, CPU: hf; sim.profiles.CLASS_DEFAULTS);
+# `fused` (= `ideal`) is the ideal-kernel bound
+DEFAULT_PROFILE = "auto"
 
 CACHE_RATIO_RANGE = in_range(0, 1, low_open=True)   # (0, 1]: the budget keeps at least one token
 RECENT_RATIO_RANGE = in_range(0, 1)                 # [0, 1]: share of the budget kept as a recent window
@@ -44,7 +46,8 @@ class DesignPoint:
                           choices=DTYPES, convert=dtype_name)
     weight_dtype: str = param(DEFAULT_DTYPE, help=f"weight dtype, one of {', '.join(DTYPES)}",
                               choices=DTYPES, convert=dtype_name)
-    profile: str = param(DEFAULT_PROFILE, help="software-stack profile (fused: ideal kernels)")
+    profile: str = param(DEFAULT_PROFILE, help="software-stack profile (auto: the fitted engine profile of the "
+                         "device's class, GPU trtllm, CPU hf; fused or ideal: the ideal-kernel bound)")
 
     def __post_init__(self):
         params = self.policy_params

@@ -64,7 +64,7 @@ def design_point(a) -> DesignPoint:
 
 
 def trace_override(trace_dir: str, policy: str, cache_ratio: float, prompt: int, gen: int, n_layers: int,
-                   layout: Layout = Layout(), profile="fused", heads: str = "mean") -> tuple[np.ndarray, object]:
+                   layout: Layout = Layout(), profile="auto", heads: str = "mean") -> tuple[np.ndarray, object]:
     """(the trace's kept tokens per step and layer mapped onto this point, the profile to time it with):
     in `layout`, the slots the kept tokens pay for (sim.layouts; traces.load, no torch)."""
     try:
@@ -166,6 +166,8 @@ def main(argv=None) -> int:
     if not layout.is_plain and not a.trace:
         raise ValueError("--layout/--compact-every need --trace: the block accounting replays a trace's kept "
                          "positions")
+    from sim.profiles import resolve_profile_name
+    a.profile = resolve_profile_name(a.profile, a.hw)      # `auto`: the device's default, named in the output
     override, profile = None, a.profile
     if a.trace:
         override, profile = trace_override(a.trace, a.policy, a.cache_ratio, a.prompt, a.gen,

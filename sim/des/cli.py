@@ -186,6 +186,8 @@ def _main(argv=None) -> int:
         raise cli.UserError(f"--arrivals {args.arrivals} needs --requests, --prompt and --gen")
     variant, args.recent_ratio = variants.resolve(args.policy, policies.NAMES, args.recent_ratio)
     args.policy, args.cache_ratio = variant.label, variants.require_cache_ratio(variant, args.cache_ratio)
+    from sim.profiles import resolve_profile_name
+    args.profile = resolve_profile_name(args.profile, args.hw)   # `auto`: the device's default, named in outputs
     cfg = serve_config(
         hw=args.hw, model=args.model, policy=args.policy, cache_ratio=args.cache_ratio,
         recent_ratio=args.recent_ratio, qps=args.qps, requests=args.requests, prompt=args.prompt,

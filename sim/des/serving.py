@@ -185,11 +185,12 @@ CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None) -> ServeResult:
     """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure.
     `stop(scheduler, now)`: ends the run early when true (sim.des.server)."""
-    profile = cfg.profile
+    from sim.profiles import resolve_profile_name
+    profile = resolve_profile_name(cfg.profile, cfg.hw)      # `auto`: the device's default
     workload = cfg.workload()
     if cfg.trace is not None:
         # a paged layout: each request holds (and each step reads) the blocks its kept tokens keep alive
-        trace, profile = apply_layout(load_trace(cfg.trace), cfg.kv_layout, cfg.profile)
+        trace, profile = apply_layout(load_trace(cfg.trace), cfg.kv_layout, profile)
     setup = engine.make_setup(cfg.hw, cfg.model, cfg.policy, cfg.weight_dtype, cfg.kv_dtype, profile)
     if cfg.trace is not None:
         kv = TraceKV(trace, cfg.policy, cfg.cache_ratio, setup.model.n_layers, cfg.trace_heads,

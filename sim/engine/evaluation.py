@@ -11,7 +11,7 @@ from sim.engine.setup import Setup, make_setup, per_point_dtypes
 
 
 def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_ratio=0.3, beams=1,
-             kv_dtype="bf16", weight_dtype="bf16", profile="fused", kv_override=None, with_capacity=True,
+             kv_dtype="bf16", weight_dtype="bf16", profile="auto", kv_override=None, with_capacity=True,
              _keep_ops=False) -> dict:
     """All results for arrays of points sharing (device, model, policy, profile).
 

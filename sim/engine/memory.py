@@ -14,7 +14,7 @@ MAX_BATCH_LIMIT = capacity.MAX_BATCH_LIMIT
 
 
 def memory_bytes(model, batch, kv_tokens, *, prompt, beams=1, kv_dtype="bf16", weight_dtype="bf16",
-                 policy="full", profile="fused", hw=None):
+                 policy="full", profile="auto", hw=None):
     """Peak device memory: weights + KV (rows x kv_tokens) + score state + prefill workspace + logits
     (+ the profile's own buffers). `kv_tokens` is the most tokens a KV head holds at once
     (sim.kvlen.peak_kv_tokens). `hw` only matters to profiles whose buffers depend on the device."""
@@ -43,7 +43,7 @@ def peak_kv_tokens(s, prompt, gen, cache_ratio):
 
 
 def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
-              weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
+              weight_dtype="bf16", profile="auto", kv_peak_tokens=None):
     """Largest batch (requests) in the steady state of continuous batching: each request at what it holds
     averaged over its life, its prompt while prefilled, then what it keeps (sim.capacity); 0 when not even one
     request fits. `kv_peak_tokens` only matters to stacks without continuous batching."""
@@ -56,7 +56,7 @@ def max_batch(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1
 
 
 def max_batch_all_at_once(hw, model, prompt, gen, *, policy="full", cache_ratio=1.0, beams=1, kv_dtype="bf16",
-                          weight_dtype="bf16", profile="fused", kv_peak_tokens=None):
+                          weight_dtype="bf16", profile="auto", kv_peak_tokens=None):
     """Largest batch (requests) whose peak memory fits with every request at its peak at once (a static
     batch, or a server reserving each request's peak); 0 when not even one fits."""
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)

@@ -69,7 +69,7 @@ class Prediction:
 
 
 def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3, kv_dtype="bf16",
-            weight_dtype="bf16", profile="fused", kv_override=None, beams=1) -> Prediction:
+            weight_dtype="bf16", profile="auto", kv_override=None, beams=1) -> Prediction:
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
     r = evaluate(s.hw, s.model, s.policy, batch=batch, prompt=prompt, gen=gen, cache_ratio=cache_ratio,
                  recent_ratio=recent_ratio, beams=beams, kv_dtype=s.kv_dtype, weight_dtype=s.weight_dtype,

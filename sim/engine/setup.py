@@ -13,7 +13,7 @@ from sim import kvlen
 from sim.models import ModelSpec, load_model
 from sim.op import OpContext
 from sim.opcost import stream_flops
-from sim.profiles import PROFILES, Profile, get_profile
+from sim.profiles import AUTO, PROFILES, Profile, get_profile, resolve_profile_name
 
 
 def resolve_device(hw):
@@ -64,18 +64,19 @@ class Setup:
 _SETUP_CACHE: dict = {}
 
 
-def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", profile="fused") -> Setup:
+def make_setup(hw, model, policy="full", weight_dtype="bf16", kv_dtype="bf16", profile="auto") -> Setup:
     """Resolve names and dtypes once; cached, since the DES asks for the same setup every step."""
     ident = lambda o: o if isinstance(o, str) else id(o)
     key = (ident(hw), ident(model), policy, weight_dtype, kv_dtype, ident(profile))
     hit = _SETUP_CACHE.get(key)
     if (hit is not None and (isinstance(hw, str) or hit[1] is hw) and (isinstance(model, str) or hit[2] is model)
-            and (not isinstance(profile, str) or PROFILES.get(profile) is hit[0].profile)):   # re-registered?
+            and (not isinstance(profile, str) or profile == AUTO
+                 or PROFILES.get(profile) is hit[0].profile)):   # re-registered?
         return hit[0]
     hw_obj, model_obj = resolve_device(hw), load_model(model)
     wd, kd = canonical_dtype(weight_dtype), canonical_dtype(kv_dtype)
     ad = activation_dtype(wd)
-    prof = get_profile(profile)
+    prof = get_profile(resolve_profile_name(profile, hw_obj))
     setup = Setup(hw=hw_obj, model=model_obj, policy=kvlen.check_policy(policy), weight_dtype=wd, kv_dtype=kd,
                   act_dtype=ad, profile=prof, wb=dtype_bytes(wd), kvb=dtype_bytes(kd), ab=dtype_bytes(ad),
                   peak_gemm=float(hw_obj.peak_flops(wd)), peak_vector=float(hw_obj.peak_flops(ad)),

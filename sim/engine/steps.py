@@ -25,7 +25,7 @@ def dense_time(s: Setup, rows: float, beams: float, tokens_per_row: float) -> fl
 
 
 def decode_step_time(hw, model, kv_tokens, *, weight_dtype="bf16", kv_dtype="bf16", policy="full",
-                     profile="fused", beams=1, recent_ratio=0.3) -> float:
+                     profile="auto", beams=1, recent_ratio=0.3) -> float:
     """One decode step for a batch whose request i holds kv_tokens[i] cached tokens per KV head
     (mean over layers). Attention cost follows the total kept tokens (one batched kernel)."""
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)
@@ -51,7 +51,7 @@ def chunk_groups(s: Setup, chunks, beams, cache_ratio, recent_ratio):
 
 
 def mixed_step_time(hw, model, decode_kv_tokens, chunks, *, weight_dtype="bf16", kv_dtype="bf16",
-                    policy="full", profile="fused", beams=1, cache_ratio=1.0, recent_ratio=0.3) -> float:
+                    policy="full", profile="auto", beams=1, cache_ratio=1.0, recent_ratio=0.3) -> float:
     """One step running decodes (request i holds decode_kv_tokens[i] tokens) and prefill chunks
     `(new_tokens, past_tokens[, completes_prompt])` together: the dense layers see all tokens at once,
     attention and policy ops run per group. A chunk completing its prompt (default) pays the policy's
@@ -71,7 +71,7 @@ def mixed_step_time(hw, model, decode_kv_tokens, chunks, *, weight_dtype="bf16",
     return dense + step_time_scalar(s, [op for g in groups for op in group_ops(g)])
 
 
-def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", policy="full", profile="fused",
+def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", policy="full", profile="auto",
                  beams=1, cache_ratio=1.0, recent_ratio=0.3) -> float:
     """Prefill of chunks `(new_tokens, past_tokens[, completes_prompt])` in one step."""
     return mixed_step_time(hw, model, None, chunks, weight_dtype=weight_dtype, kv_dtype=kv_dtype, policy=policy,
@@ -81,7 +81,7 @@ def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", pol
 
 
 def packed_prefill_time(hw, model, sequences: int, new_tokens: int, past_tokens: int = 0, *, weight_dtype="bf16",
-                        kv_dtype="bf16", policy="full", profile="fused", completes_prompt: bool = True) -> float:
+                        kv_dtype="bf16", policy="full", profile="auto", completes_prompt: bool = True) -> float:
     """One prefill step of `sequences` equal chunks packed into one ragged batch (as serving engines run
     packed prefill: one varlen attention kernel for all of them, not one per sequence)."""
     s = make_setup(hw, model, policy, weight_dtype, kv_dtype, profile)

@@ -151,7 +151,7 @@ def _deployment_table(table: pd.DataFrame, model, stage, tp: int, pp: int, copie
 
 
 def predict(hw, model, batch, prompt, gen, policy, cache_ratio, recent_ratio=0.3, kv_dtype="bf16",
-            weight_dtype="bf16", profile="fused", kv_override=None, beams=1, *, tp: int = 1, pp: int = 1,
+            weight_dtype="bf16", profile="auto", kv_override=None, beams=1, *, tp: int = 1, pp: int = 1,
             micro_batches: int | None = None) -> ParallelPrediction:
     """engine.predict for tp x pp devices; tp = pp = 1 (and no micro-batch count) wraps it unchanged."""
     check_degrees(tp, pp)

@@ -277,10 +277,17 @@ def _adjuster(v: dict, kernels: Kernels):
 
 def _host_per_seq(seconds: float):
     """extra_decode_ops: the host's per-sequence work of a decode step as an operator row (so breakdowns
-    show it): one 'FLOP' per sequence at a rate of one per `seconds`."""
+    show it): one 'FLOP' per sequence at a rate of one per `seconds` (of the op's peak: the activation dtype's,
+    per point when the points mix dtypes)."""
     def ops(ctx):
-        peak = float(ctx.hw.peak_flops(ctx.act_dtype)) if ctx.hw is not None and hasattr(ctx.hw, "peak_flops") \
-            else 1.0
+        hw = ctx.hw
+        if hw is None or not hasattr(hw, "peak_flops"):
+            return []
+        if isinstance(ctx.ab, (int, float)):
+            peak = float(hw.peak_flops("fp32" if ctx.ab >= 4.0 else "bf16"))
+        else:
+            peak = np.where(np.asarray(ctx.ab, float) >= 4.0, float(hw.peak_flops("fp32")),
+                            float(hw.peak_flops("bf16")))
         return [Op("host_per_seq", False, flops=ctx.rows, launches=0.0, compute_eff=1.0 / (seconds * peak))]
     return ops
 

@@ -87,16 +87,21 @@ def build_grid(config: GridConfig) -> pd.DataFrame:
 
     `hw_hash` and `model_hash` identify the device file and model spec content (result caching)."""
     from hwmodels import load_device
-    from sim.profiles import get_profile
+    from sim.profiles import AUTO, default_profile_name, get_profile
     devices = {name: load_device(name) for name in config.hw}
     specs = {name: load_model(name) for name in config.models}
     for name in config.profiles:
-        get_profile(name)
+        if name != AUTO:
+            get_profile(name)
     axes = [config.hw, config.models, config.policies, config.cache_ratios, config.recent_ratios, config.batches,
             config.beams, config.prompts, config.gens, config.kv_dtypes, config.weight_dtypes, config.profiles]
     # MultiIndex.from_product builds the product in numpy (about 1 s per 2 million points); a Python
     # itertools.product of tuples would take ten times longer and memory for 10^7-point grids.
     df = pd.MultiIndex.from_product(axes, names=INPUT_COLUMNS).to_frame(index=False)
+    if AUTO in config.profiles:   # every table names the profile it ran: `auto` becomes the device's default
+        auto = df["profile"] == AUTO
+        df.loc[auto, "profile"] = df.loc[auto, "hw"].map({n: default_profile_name(d) for n, d in devices.items()})
+        df = df.drop_duplicates(subset=INPUT_COLUMNS, ignore_index=True)
     own = {p: get_policy(p).param("recent_ratio") for p in config.policies}
     own = {p: float(r) for p, r in own.items() if r is not None}
     if own:     # a variant's own recent_ratio is its points' recent ratio (sim.policies.variants), not the axis's

@@ -13,7 +13,7 @@ def point(**kwargs):
 def test_defaults():
     p = point()
     assert (p.batch, p.beams, p.policy, p.cache_ratio, p.recent_ratio) == (1, 1, "full", 1.0, DEFAULT_RECENT_RATIO)
-    assert (p.kv_dtype, p.weight_dtype, p.profile) == ("bf16", "bf16", "fused")
+    assert (p.kv_dtype, p.weight_dtype, p.profile) == ("bf16", "bf16", "auto")   # the device's fitted default
     assert DEFAULT_RECENT_RATIO == 0.3
 
 

@@ -23,7 +23,7 @@ def test_predict_help_shows_defaults_and_choices(capsys):
     assert "one of full, window, streaming, h2o, keyformer, snapkv, tova, mass, pyramidkv, adakv, or a variant" in text
     assert "(default: full)" in text and "keyformer:selection=official" in text
     assert "one of fp32, bf16, fp16, fp8, int8, int4 (default: bf16)" in text
-    assert "hf-eager" in text and "(default: fused)" in text and "(default: 0.3)" in text
+    assert "hf-eager" in text and "(default: auto)" in text and "(default: 0.3)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
 
 

@@ -127,7 +127,7 @@ def test_compaction_is_charged_as_copies():
     trace, _ = synthetic_trace(keep=0.25)
     _, copied = layout_trace(trace, Layout("paged", block_size=B, compact_every=4))
     assert copied == pytest.approx(1 / 4, rel=0.2)      # every kept token copied once per 4 steps
-    plain = engine.predict("h200-sxm", "llama-2-7b", 8, 4000, 64, "h2o", 0.25)
+    plain = engine.predict("h200-sxm", "llama-2-7b", 8, 4000, 64, "h2o", 0.25, profile="fused")
     charged = engine.predict("h200-sxm", "llama-2-7b", 8, 4000, 64, "h2o", 0.25,
                              profile=with_compaction("fused", copied))
     assert charged.tpot_s > plain.tpot_s

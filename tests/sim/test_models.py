@@ -96,6 +96,8 @@ MINIMAL = {
                 "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128},
     "qwen2": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128, "tie_word_embeddings": True},
+    "qwen3": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128},
     "gpt_neox": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "vocab_size": 100, "max_position_embeddings": 128},
     "opt": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "ffn_dim": 256, "vocab_size": 100,
@@ -113,7 +115,7 @@ MINIMAL = {
 EXPECTED = {  # model_type: (n_kv_heads, d_ff, gated, tied, positional)
     "gpt2": (4, 256, False, True, "learned"), "gptj": (4, 256, False, False, "rope"),
     "mpt": (2, 256, False, True, "alibi"), "llama": (1, 96, True, False, "rope"),
-    "mistral": (2, 96, True, False, "rope"), "qwen2": (2, 96, True, True, "rope"),
+    "mistral": (2, 96, True, False, "rope"), "qwen2": (2, 96, True, True, "rope"), "qwen3": (2, 96, True, False, "rope"),
     "gpt_neox": (4, 256, False, False, "rope"), "opt": (4, 256, False, True, "learned"),
     "bloom": (4, 256, False, True, "alibi"), "falcon": (2, 256, False, True, "rope"),
     "mixtral": (2, 96, True, False, "rope"),

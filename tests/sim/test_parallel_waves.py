@@ -57,7 +57,8 @@ def test_multigpu_rows_of_a_fixed_batch_are_predicted_in_waves():
     from sim.validation import multigpu
     row = dict(hw="a100-80g-sxm", model="llama-2-70b", batch=64, prompt=128, gen=2048, tp=2, runtime="classic",
                metric="out_tok_per_s", fixed_batch=True, **A100_TP2)
-    p = parallel.predict("a100-80g-sxm", "llama-2-70b", 64, 128, 2048, "full", 1.0, tp=2, **A100_TP2)
+    p = parallel.predict("a100-80g-sxm", "llama-2-70b", 64, 128, 2048, "full", 1.0, tp=2, profile="fused",
+                         **A100_TP2)
     assert multigpu.predict_value(row, "fused") == pytest.approx(p.extra["tokens_per_s_in_waves"])
     # an in-flight row runs at its steady-state batch: the batch's own throughput
     assert multigpu.predict_value(dict(row, fixed_batch=False), "fused") == pytest.approx(p.tokens_per_s)
