@@ -65,13 +65,9 @@ def _model(label: str):
 def load_rows(path=None) -> list[EnergyRow]:
     """Every row of the energy CSV, or one error naming the row that cannot be read."""
     from hwmodels.skus import resolve_sku
+    from sim.validation.published_rows import read_data_csv
     path = Path(path) if path is not None else default_csv()
-    if not path.is_file():
-        raise FileNotFoundError(f"energy measurements {path} not found (set KVSIM_DATA or pass --csv)")
-    table = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    table = read_data_csv(path, COLUMNS, "energy measurements")
     rows = []
     for i, r in enumerate(table.to_dict("records"), start=2):
         where = f"{path.name} line {i}"

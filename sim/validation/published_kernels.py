@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
 from hwmodels import load_device
 from hwmodels.skus import resolve_sku
 from sim.profiles import attention as attn
-from sim.validation.published_rows import STACKS_FILE, data_dir
+from sim.validation.published_rows import STACKS_FILE, data_dir, read_data_csv
 
 CSV_NAME = "gpu-attention-kernels.csv"
 COLUMNS = ("source", "hw", "kernel_impl", "attention_case", "num_qo_heads", "num_kv_heads", "head_dim", "batch",
@@ -80,12 +79,7 @@ def default_csv() -> Path:
 def load_kernel_rows(path: Path | str | None = None) -> list[KernelRow]:
     """Every row of the kernel file; one-line errors naming the file and row."""
     path = Path(path) if path is not None else default_csv()
-    if not path.is_file():
-        raise FileNotFoundError(f"kernel measurements {path} not found (set KVSIM_DATA)")
-    table = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}")
+    table = read_data_csv(path, COLUMNS, "kernel measurements")
     rows = []
     for i, r in enumerate(table.to_dict("records"), start=1):
         where = f"{path.name} row {i}"

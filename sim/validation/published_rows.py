@@ -275,6 +275,19 @@ def _weight_dtype(cell: str, kv_cell: str) -> tuple[str, str]:
     return dtype_name(_dtype(cell)), ""
 
 
+def read_data_csv(path, columns, what: str) -> pd.DataFrame:
+    """A measurement CSV of ../shared/data as strings: one-line errors for a missing file or missing columns
+    (the published, kernel and energy files share this)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} not found (set KVSIM_DATA or pass --csv)")
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    return table
+
+
 def _read_table(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"published GPU measurements {path} not found (set KVSIM_DATA or pass --csv)")
