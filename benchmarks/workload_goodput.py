@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -114,7 +115,8 @@ def plot(table: pd.DataFrame, kv: pd.DataFrame, path: Path, slo: SLO, trace: str
     left.set_xticks(range(len(deployments)), deployments, fontsize=8)
     left.set_ylabel("highest request rate meeting the SLO (req/s)")
     left.set_title(f"{trace}: {slo.describe()}", fontsize=9)
-    left.legend(fontsize=8, ncol=2)
+    left.set_ylim(0, 1.25 * float(table["max_qps"].replace(float("inf"), 0).max() or 1))
+    left.legend(fontsize=7, ncol=5, loc="upper center")
     for name, sub in kv.groupby("policy", sort=False):
         right.step(sub["t_s"] / 60, sub["kv_gb"], where="post", label=name, linewidth=0.8,
                    color=policy_style(name.split()[0]).color)
@@ -133,9 +135,19 @@ def plot(table: pd.DataFrame, kv: pd.DataFrame, path: Path, slo: SLO, trace: str
     os.replace(tmp, path)
 
 
+def _bound(reason: str) -> str:
+    """'at 14 req/s: stopped early: ... TPOT limit ...; not shown stable ...' -> 'P99 TPOT at 14 req/s'."""
+    head = str(reason).split(";")[0]
+    rate = re.match(r"at (\S+) req/s", head)
+    metric = next((m for m in ("TTFT", "TPOT", "dropped") if m in head), None)
+    if rate and metric:
+        return f"P99 {metric} at {rate.group(1)} req/s" if metric != "dropped" else f"drops at {rate.group(1)} req/s"
+    return head
+
+
 def markdown(table: pd.DataFrame) -> str:
     lines = ["| deployment | policy | cache ratio | max qps | vs full | output tok/s | P99 TTFT (s) | P99 TPOT (ms) | "
-             "KV peak / capacity (GB) | bound |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "KV peak / capacity (GB) | first miss |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in table.itertuples():
         full = table[(table.deployment == row.deployment) & (table.policy == "full")]["max_qps"].iloc[0]
         ratio = row.max_qps / full if full and 0 < full < float("inf") else float("nan")
@@ -143,7 +155,7 @@ def markdown(table: pd.DataFrame) -> str:
         tpot = f"{1e3 * row.tpot_p99_s:.1f}" if pd.notna(row.tpot_p99_s) else "n/a"
         ttft = f"{row.ttft_p99_s:.3f}" if pd.notna(row.ttft_p99_s) else "n/a"
         lines.append(f"| {row.deployment} | {row.policy} | {row.cache_ratio:g} | {row.max_qps:.3g} | {ratio:.2f} | "
-                     f"{row.tokens_per_s:,.0f} | {ttft} | {tpot} | {kv} | {row.bound} |")
+                     f"{row.tokens_per_s:,.0f} | {ttft} | {tpot} | {kv} | {_bound(row.bound)} |")
     return "\n".join(lines)
 
 
