@@ -183,7 +183,10 @@ def test_text_rows_record_the_rules_each_run_used(tiny_trace_dir):
     noisy = texts["policy"].str.startswith("keyformer")
     assert (texts.loc[noisy, "noise_stream"] == "seed/crc32(sample id)/replica").all()
     assert texts.loc[~noisy, "noise_stream"].isna().all()
-    assert trace.manifest["policy"]["variants"]["keyformer"]["params"]["beam_noise"] == "shared"
+    policy = trace.manifest["policy"]
+    assert policy["variants"]["keyformer"]["params"]["beam_noise"] == "shared"
+    assert policy["rules_version"] == keyformer.RULES_VERSION
+    assert policy["variants"]["keyformer"]["rules"]["noise_stream"] == "seed/crc32(sample id)/replica"
 
 
 def test_bundled_traces_say_they_ran_under_the_first_rules():

@@ -227,19 +227,22 @@ def run_capture(config: CaptureConfig) -> Path:
 
 def _manifest(config: CaptureConfig, lm, info, samples, prompts, wall: float, device, settings: dict) -> dict:
     from traces.capture.prompts import prompt_format
-    from traces.capture.run import make_policy
+    from traces.capture.run import make_policy, rules_metadata
 
     variants = {}
     for spec in config.specs:
-        params = make_policy(spec, config.ratios_for(spec)[0], config.recent_ratio, config.max_new_tokens,
-                             config.seed).params()
+        policy = make_policy(spec, config.ratios_for(spec)[0], config.recent_ratio, config.max_new_tokens,
+                             config.seed)
+        params = policy.params()
         params.pop("cache_ratio", None)  # a column of the tables, not a property of the variant
-        variants[spec.label] = {"name": spec.name, "params": params}
+        rules = rules_metadata(policy)  # the rules the label ran under (docs/traces.md, "Rule versions")
+        variants[spec.label] = {"name": spec.name, "params": params, "rules": rules}
     return {
         "schema_version": schema.SCHEMA_VERSION, "kind": schema.KIND,
         "model": lm.describe(),
         "policy": {"names": [s.label for s in config.specs], "variants": variants,
-                   "cache_ratios": list(config.cache_ratios), "recent_ratio": config.recent_ratio},
+                   "cache_ratios": list(config.cache_ratios), "recent_ratio": config.recent_ratio,
+                   "rules_version": rules["rules_version"]},
         "dataset": {"name": config.dataset, "task": info.task, "mode": config.mode(), "source": info.source,
                     "n": len(samples), "sample_ids": [s.id for s in samples],
                     "max_prompt_tokens": config.max_prompt_tokens,
