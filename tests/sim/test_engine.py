@@ -128,32 +128,39 @@ import sys, time
 import numpy as np
 from hwmodels import load_device
 from sim.engine import decode_step_time
-device, kv = load_device(sys.argv[1]), np.full(32, 3000.0)
-decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
+device, kv, profile = load_device(sys.argv[1]), np.full(32, 3000.0), sys.argv[2]
+decode_step_time(device, "llama-3-8b", kv, policy="keyformer", profile=profile)
 best = float("inf")
 for _ in range(10):          # best of 10, in this thread's CPU time: the machine's cores are shared
     t0 = time.thread_time()
     for _ in range(200):
-        decode_step_time(device, "llama-3-8b", kv, policy="keyformer")
+        decode_step_time(device, "llama-3-8b", kv, policy="keyformer", profile=profile)
     best = min(best, (time.thread_time() - t0) / 200)
 print(best)
 """
 
 
-def test_decode_step_time_is_fast_enough_for_a_des(device):
+# 2.5x the usual thread CPU time per call on the 2-core VM: fused 30 us; the engine profiles (the GPU default)
+# add their kernel-family rates to every step (measured 1.3x fused under the same load)
+DES_STEP_BOUND_S = {"fused": 75e-6, "trtllm": 100e-6}
+
+
+@pytest.mark.parametrize("profile", sorted(DES_STEP_BOUND_S))
+def test_decode_step_time_is_fast_enough_for_a_des(device, profile):
     if device.name == "toy":
         pytest.skip("timed on shipped devices (the toy's efficiency curves are not what the DES runs)")
     # Best of up to three fresh interpreters: on the shared 2-core VM a whole process sometimes runs
     # about 1.5x slower (thread CPU time 30 vs 50 us for the same code), whatever the code does; the
-    # bound (75 us, 2.5x the usual 30 us) still catches a real regression of the DES hot path.
+    # bound still catches a real regression of the DES hot path.
+    bound = DES_STEP_BOUND_S[profile]
     best = float("inf")
     for _ in range(3):
-        out = subprocess.run([sys.executable, "-c", _TIME_DECODE_STEP, str(device.source_path)],
+        out = subprocess.run([sys.executable, "-c", _TIME_DECODE_STEP, str(device.source_path), profile],
                              capture_output=True, text=True, check=True).stdout
         best = min(best, float(out.split()[-1]))
-        if best < 75e-6:
+        if best < bound:
             break
-    assert best < 75e-6, f"{best * 1e6:.1f} us per call"
+    assert best < bound, f"{profile}: {best * 1e6:.1f} us per call"
 
 
 def test_kv_override_seam(device):
