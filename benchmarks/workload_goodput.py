@@ -2,7 +2,8 @@
 highest rate the trace can be time-scaled to (sim.des.slo's search over a replay) with P99 TTFT and P99
 TPOT within the limits, and the KV memory over time of full attention against an evicting policy.
 
-    python benchmarks/workload_goodput.py                          # docs/figures/workloads_goodput.{csv,png}
+    python benchmarks/workload_goodput.py                          # results/figures/workloads_goodput.{csv,png}
+    python benchmarks/workload_goodput.py --update-docs            # the tracked docs/figures/ copy
     python benchmarks/workload_goodput.py --window 0:300 --out /tmp/g   # a quick look
 
 The table docs/workloads.md shows is this script's CSV (it prints it as markdown too); the figure has the
@@ -50,7 +51,9 @@ def _parser() -> OneLineParser:
                    help="only these rows of DEPLOYMENTS (0-based), written to workloads_goodput.part-I-J.csv")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="CSV",
                    help="no searches: join these part files, then the KV panel, the figure and the table")
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "figures")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default results/figures; docs/figures only with --update-docs)")
+    p.add_argument("--update-docs", action="store_true", help="write the tracked docs/figures/ copy")
     return p
 
 
@@ -161,6 +164,8 @@ def markdown(table: pd.DataFrame) -> str:
 
 def _main(argv=None) -> int:
     a = _parser().parse_args(argv)
+    if a.out is None:
+        a.out = REPO / "docs" / "figures" if a.update_docs else Path("results") / "figures"
     slo = SLO(slo_ttft_p99=a.slo_ttft_p99, slo_tpot_p99=a.slo_tpot_p99)
     before = os.getloadavg()
     t0 = time.perf_counter()
