@@ -122,7 +122,10 @@ def test_des_entries_agree_with_the_request_path(device):
 
 # Timed in a fresh interpreter, like the DES runs: no torch there. In the test process torch (loaded by
 # other tests) leaves OpenMP threads spinning under OMP_WAIT_POLICY=ACTIVE, which doubles the CPU time of
-# pure-numpy code on 2 cores (measured: 28 vs 51 us per call).
+# pure-numpy code on 2 cores (measured: 28 vs 51 us per call). The step is timed against a fixed probe of the
+# same kind of work (small numpy arrays and Python arithmetic) in the same interpreter: on this shared VM the
+# same code ran 30 us per step in one session and 90-150 us in the next, with nothing else running (the host's
+# speed), while the ratio to the probe stayed within about +-40%.
 _TIME_DECODE_STEP = """
 import sys, time
 import numpy as np
@@ -130,37 +133,47 @@ from hwmodels import load_device
 from sim.engine import decode_step_time
 device, kv, profile = load_device(sys.argv[1]), np.full(32, 3000.0), sys.argv[2]
 decode_step_time(device, "llama-3-8b", kv, policy="keyformer", profile=profile)
-best = float("inf")
+
+def probe():
+    a = np.arange(12, dtype=float)
+    s = 0.0
+    for i in range(20):
+        b = np.maximum(a * 1.5, 1.0) / (a + 2.0)
+        s += float(b.sum()) + sum(x * 0.5 for x in range(10))
+    return s
+
+best = ref = float("inf")
 for _ in range(10):          # best of 10, in this thread's CPU time: the machine's cores are shared
     t0 = time.thread_time()
     for _ in range(200):
         decode_step_time(device, "llama-3-8b", kv, policy="keyformer", profile=profile)
     best = min(best, (time.thread_time() - t0) / 200)
-print(best)
+    t0 = time.thread_time()
+    for _ in range(200):
+        probe()
+    ref = min(ref, (time.thread_time() - t0) / 200)
+print(best, ref)
 """
 
+# 2.5x the usual step / probe ratio (measured 0.73-0.93 for fused, 1.15-1.38 for the trtllm default, which adds
+# its kernel-family rates to every step): a real regression of the DES hot path still fails
+DES_STEP_BOUND = {"fused": 2.0, "trtllm": 3.2}
 
-# 2.5x the usual thread CPU time per call on the 2-core VM: fused 30 us; the engine profiles (the GPU default)
-# add their kernel-family rates to every step (measured 1.3x fused under the same load)
-DES_STEP_BOUND_S = {"fused": 75e-6, "trtllm": 100e-6}
 
-
-@pytest.mark.parametrize("profile", sorted(DES_STEP_BOUND_S))
+@pytest.mark.parametrize("profile", sorted(DES_STEP_BOUND))
 def test_decode_step_time_is_fast_enough_for_a_des(device, profile):
     if device.name == "toy":
         pytest.skip("timed on shipped devices (the toy's efficiency curves are not what the DES runs)")
-    # Best of up to three fresh interpreters: on the shared 2-core VM a whole process sometimes runs
-    # about 1.5x slower (thread CPU time 30 vs 50 us for the same code), whatever the code does; the
-    # bound still catches a real regression of the DES hot path.
-    bound = DES_STEP_BOUND_S[profile]
+    bound = DES_STEP_BOUND[profile]
     best = float("inf")
-    for _ in range(3):
+    for _ in range(3):       # best of up to three fresh interpreters
         out = subprocess.run([sys.executable, "-c", _TIME_DECODE_STEP, str(device.source_path), profile],
                              capture_output=True, text=True, check=True).stdout
-        best = min(best, float(out.split()[-1]))
+        step, ref = (float(x) for x in out.split()[-2:])
+        best = min(best, step / ref)
         if best < bound:
             break
-    assert best < bound, f"{profile}: {best * 1e6:.1f} us per call"
+    assert best < bound, f"{profile}: {best:.2f} x the probe per call ({step * 1e6:.1f} us)"
 
 
 def test_kv_override_seam(device):
