@@ -191,46 +191,37 @@ def decode_attention_kernel(model, engine: str = "trtllm", kv_1byte: bool = Fals
     return Kernels(engine).family(model, kv_1byte)
 
 
-def _scalar_attention_rates(ctx, v: dict, family: str, kv_1byte: bool):
-    """_attention_rates for one point (the DES hot path: plain floats, one call of the device curve)."""
-    m, hw = ctx.model, ctx.hw
-    group = m.n_heads / m.n_kv_heads
-    peak_bw = float(hw.memory_bw)
-    kernel_bytes = max(2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
-                       + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads), 1.0)
-    eff = min(v[attn.BW_TERM[family]] * kernel_bytes / (kernel_bytes + v["attn_latency_s"] * peak_bw), 1.0)
-    device_eff = float(np.asarray(hw.bw_efficiency(np.array([kernel_bytes]))).ravel()[0])
-    bw_scale = eff / device_eff / attn.reread(family, group, v)
-    fp32, bf16 = float(hw.peak_flops("fp32")), float(hw.peak_flops("bf16"))
-    factor = attn.fp8_kv_factor(hw, v, family, group, bf16, fp32) if kv_1byte else 1.0
-    c_eff = attn.compute_eff(family, group, v, fp32, fp32 if ctx.ab >= 4.0 else bf16, kv_1byte, factor)
-    return bw_scale, (None if c_eff is None or np.isnan(c_eff) else float(c_eff))
+def _act_peak(hw, ab):
+    """Peak FLOP/s of the activation dtype (fp32 for 4-byte activations, else bf16): a float, or per point."""
+    if isinstance(ab, (int, float)):
+        return float(hw.peak_flops("fp32" if ab >= 4.0 else "bf16"))
+    return np.where(np.asarray(ab, float) >= 4.0, float(hw.peak_flops("fp32")), float(hw.peak_flops("bf16")))
 
 
 def _attention_rates(ctx, v: dict, family: str, kv_1byte):
-    """(bw_scale, compute_eff) of the decode-attention ops under `family` (arrays over points)."""
-    if all(isinstance(x, (int, float)) for x in (ctx.rows, ctx.new_tokens, ctx.past_tokens, ctx.kvb, ctx.ab)) \
-            and isinstance(kv_1byte, (bool, np.bool_)):
-        return _scalar_attention_rates(ctx, v, family, bool(kv_1byte))
+    """(bw_scale, compute_eff) of the decode-attention ops under `family` (floats for one point, else arrays
+    over points)."""
     m, hw = ctx.model, ctx.hw
     group = m.n_heads / m.n_kv_heads
     peak_bw = float(hw.memory_bw)
-    rows, q = np.asarray(ctx.rows, float), np.asarray(ctx.new_tokens, float)
     # the kernel's bytes as the engine sizes it (sim.opcost: the host op and the ops fused into it): K and V,
     # plus the queries, outputs and new K/V it reads and writes, so the time is monotone in the cache
-    kernel_bytes = 2.0 * rows * m.n_kv_heads * np.asarray(ctx.past_tokens, float) * m.head_dim \
-        * np.asarray(ctx.kvb, float) + 2.0 * rows * q * m.head_dim * np.asarray(ctx.ab, float) \
-        * (m.n_heads + m.n_kv_heads)
-    kernel_bytes = np.maximum(kernel_bytes, 1.0)
+    kernel_bytes = np.maximum(2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
+                              + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads),
+                              1.0)
     # the family's streaming efficiency in place of the device curve: bw_scale = eff / device eff, so the
     # op streams at eff of peak (at most 1: the bandwidth floor holds)
     eff = np.minimum(attn.stream_eff(family, kernel_bytes, peak_bw, v), 1.0)
-    bw_scale = eff / np.asarray(hw.bw_efficiency(kernel_bytes), float) / attn.reread(family, group, v)
-    fp32 = float(hw.peak_flops("fp32"))
-    act_peak = np.where(np.asarray(ctx.ab, float) >= 4.0, fp32, float(hw.peak_flops("bf16")))
-    factor = attn.fp8_kv_factor(hw, v, family, group, float(hw.peak_flops("bf16")), fp32) \
-        if np.any(kv_1byte) else 1.0
-    return bw_scale, attn.compute_eff(family, group, v, fp32, act_peak, kv_1byte, factor)
+    device_eff = np.asarray(hw.bw_efficiency(np.atleast_1d(kernel_bytes)), float).reshape(np.shape(kernel_bytes))
+    bw_scale = eff / device_eff / attn.reread(family, group, v)
+    fp32, bf16 = float(hw.peak_flops("fp32")), float(hw.peak_flops("bf16"))
+    factor = attn.fp8_kv_factor(hw, v, family, group, bf16, fp32) if np.any(kv_1byte) else 1.0
+    return bw_scale, attn.compute_eff(family, group, v, fp32, _act_peak(hw, ctx.ab), kv_1byte, factor)
+
+
+def _plain(x):
+    """A 0-d value as a float (the engine's scalar path), arrays and None as they are."""
+    return x if x is None or isinstance(x, float) or np.ndim(x) else float(x)
 
 
 def _adjuster(v: dict, kernels: Kernels):
@@ -258,10 +249,7 @@ def _adjuster(v: dict, kernels: Kernels):
                 bw_scale = np.where(kv_1byte, one[0], two[0])
                 c_eff = np.where(kv_1byte, np.nan if one[1] is None else one[1],
                                  np.nan if two[1] is None else two[1])
-        # arrays stay arrays, 0-d values become floats (the engine's scalar path)
-        gemm_scale = gemm_scale if isinstance(gemm_scale, float) or np.ndim(gemm_scale) else float(gemm_scale)
-        bw_scale = bw_scale if bw_scale is None or isinstance(bw_scale, float) or np.ndim(bw_scale) else float(bw_scale)
-        c_eff = c_eff if c_eff is None or isinstance(c_eff, float) or np.ndim(c_eff) else float(c_eff)
+        gemm_scale, bw_scale, c_eff = _plain(gemm_scale), _plain(bw_scale), _plain(c_eff)
         prefill = ctx.phase == "prefill"
         for op in ops:
             if op.gemm:
@@ -280,15 +268,10 @@ def _host_per_seq(seconds: float):
     show it): one 'FLOP' per sequence at a rate of one per `seconds` (of the op's peak: the activation dtype's,
     per point when the points mix dtypes)."""
     def ops(ctx):
-        hw = ctx.hw
-        if hw is None or not hasattr(hw, "peak_flops"):
+        if ctx.hw is None or not hasattr(ctx.hw, "peak_flops"):
             return []
-        if isinstance(ctx.ab, (int, float)):
-            peak = float(hw.peak_flops("fp32" if ctx.ab >= 4.0 else "bf16"))
-        else:
-            peak = np.where(np.asarray(ctx.ab, float) >= 4.0, float(hw.peak_flops("fp32")),
-                            float(hw.peak_flops("bf16")))
-        return [Op("host_per_seq", False, flops=ctx.rows, launches=0.0, compute_eff=1.0 / (seconds * peak))]
+        return [Op("host_per_seq", False, flops=ctx.rows, launches=0.0,
+                   compute_eff=1.0 / (seconds * _act_peak(ctx.hw, ctx.ab)))]
     return ops
 
 
