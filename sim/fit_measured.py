@@ -24,14 +24,13 @@ from sim.profiles import engines as pe
 # tool -> (engine profile, runtime) the replay runs under: today's releases (vLLM's V1 engine, TensorRT-LLM's
 # PyTorch backend); SGLang has no profile of its own and runs under vLLM's kernel terms (its own host terms fitted)
 TOOL_ENGINES = {"vllm": ("vllm", "vllm-v1"), "sglang": ("vllm", "vllm-v1"), "trtllm": ("trtllm", "pytorch")}
-HOST_TERMS = {"classic": ("step_overhead_s", "launch_overhead_s"), "pytorch": (),
-              "vllm-v0": ("vllm_v0_step_s", "vllm_v0_seq_s"), "vllm-v1": ("vllm_v1_step_s", "vllm_v1_seq_s")}
 MAX_ITER = 8
 
 
 def terms_for(runtime: str) -> tuple:
-    """The terms a measured run of `runtime` fits: its host terms and the GEMM efficiency."""
-    names = HOST_TERMS[runtime] + ("gemm_eff",)
+    """The terms a measured run of `runtime` fits: its host terms (none under TensorRT-LLM's PyTorch backend,
+    which hides them behind CUDA graphs and the overlap scheduler) and the GEMM efficiency."""
+    names = (() if runtime == "pytorch" else pe.RUNTIME_HOST_TERMS[runtime]) + ("gemm_eff",)
     return tuple(pe.TERMS_BY_NAME[n] for n in names)
 
 

@@ -62,11 +62,7 @@ def row_terms(row) -> frozenset:
     names = {"gemm_eff", "attn_prefill_eff"}
     if row.weight_dtype == "fp8" or row.metric == "speedup_fp8_vs_fp16":
         names.add("fp8_gemm_eff")
-    if row.runtime in ("classic", "pytorch"):
-        names |= {"step_overhead_s", "launch_overhead_s"}
-    else:
-        key = row.runtime.replace("-", "_")
-        names |= {f"{key}_step_s", f"{key}_seq_s"}
+    names |= set(pe.RUNTIME_HOST_TERMS[row.runtime])
     if row.batch_kind != "static":
         names.add("runtime_reserve_gb")
     if row.gen > 1 or row.metric in ("tpot_ms",):
@@ -329,10 +325,7 @@ def _main(argv=None) -> int:
     kernels = args.kernels or pk.default_csv()
     if not Path(kernels).is_file():
         raise FileNotFoundError(f"--kernels {kernels}: no such file")
-    rows = [r for r in pg.in_scope(pg.load_rows(csvs)) if r.engine in pe.ENGINES]
-    if len(rows) < len(TERMS) + 1:      # before the long work
-        raise ValueError(f"{len(rows)} single-device rows, need more than {len(TERMS)} (one per term)")
-    result = run_fit(csvs, kernels, args.workers)
+    result = run_fit(csvs, kernels, args.workers)      # checks the row count before the long work
     command = "python -m sim.fit_profiles" + ("" if args.csv is None else "".join(
         f" --csv {pg.display_path(c)}" for c in csvs)) + ("" if args.kernels is None else
                                                          f" --kernels {pg.display_path(kernels)}")

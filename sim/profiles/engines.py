@@ -52,6 +52,11 @@ STACKS_FILE = Path(__file__).resolve().parents[1] / "engine_profiles" / "stacks.
 ENGINES = ("trtllm", "vllm")
 RUNTIMES = ("classic", "pytorch", "vllm-v0", "vllm-v1")
 DEFAULT_RUNTIME = {"trtllm": "classic", "vllm": "vllm-v1"}
+# the host terms each runtime's profile is built from (make_profile: the PyTorch backend then hides the step
+# term and caps the launch term at the CUDA-graph gap; vLLM's are per step and per running sequence)
+RUNTIME_HOST_TERMS = {"classic": ("step_overhead_s", "launch_overhead_s"),
+                      "pytorch": ("step_overhead_s", "launch_overhead_s"),
+                      "vllm-v0": ("vllm_v0_step_s", "vllm_v0_seq_s"), "vllm-v1": ("vllm_v1_step_s", "vllm_v1_seq_s")}
 
 
 @dataclass(frozen=True)
@@ -321,8 +326,8 @@ def make_profile(engine: str, values: dict, name: str | None = None, runtime: st
     kernels = kernels or Kernels(engine)
     host, launch, per_seq = v["step_overhead_s"], v["launch_overhead_s"], 0.0
     if runtime in ("vllm-v0", "vllm-v1"):
-        key = runtime.replace("-", "_")
-        host, launch, per_seq = v[f"{key}_step_s"], PYTORCH_RUNTIME_KERNEL_GAP_S, v[f"{key}_seq_s"]
+        step, seq = RUNTIME_HOST_TERMS[runtime]
+        host, launch, per_seq = v[step], PYTORCH_RUNTIME_KERNEL_GAP_S, v[seq]
     description = DESCRIPTIONS.get(engine, engine) + ("" if runtime == DEFAULT_RUNTIME.get(engine) else
                                                       f"; runtime {runtime}")
     profile = Profile(name=name or engine, description=description, launches=FUSED_LAUNCHES,
