@@ -34,7 +34,7 @@ import numpy as np
 
 from sim import engine
 from sim.profiles import get_profile
-from sim.profiles.engines import Kernels, make_profile, pytorch_runtime
+from sim.profiles.engines import Kernels, make_profile
 from sim.validation.published_rows import (BATCH_KINDS, CSV_NAME, CSV_NAMES, COLUMNS, METRICS, REGIMES,  # noqa: F401
                                            REPO_ROOT, Row, batch_of, classify_stack, data_dir, default_csv,
                                            default_csvs, display_path, file_sha256, in_scope, load_rows,
@@ -163,6 +163,18 @@ def _rate(row: Row, profile) -> float:
 _ROW_PROFILES: dict = {}
 
 
+def _engine_profile(resolved, engine: str, runtime: str, kernels: Kernels):
+    """An engine profile's terms under `runtime` and `kernels` (cached: the fit predicts every row per step)."""
+    key = (resolved.terms, engine, runtime, kernels)
+    hit = _ROW_PROFILES.get(key)
+    if hit is None:
+        if len(_ROW_PROFILES) > 4096:
+            _ROW_PROFILES.clear()
+        hit = _ROW_PROFILES[key] = make_profile(engine, dict(resolved.terms), name=resolved.name, runtime=runtime,
+                                                kernels=kernels)
+    return hit
+
+
 def row_profile(row: Row, profile):
     """`profile` (a name or a Profile) as the row's stack runs it: an engine profile's terms under the row's
     runtime (classic, pytorch, vllm-v0, vllm-v1) and decode kernels (stacks.yaml); fused and the eager
@@ -170,23 +182,16 @@ def row_profile(row: Row, profile):
     resolved = get_profile(profile)
     if resolved.terms is None:
         return resolved
-    kernels = Kernels(row.engine or resolved.engine, row.decode_kernel, row.sliding_window_kernel)
-    key = (resolved.terms, row.engine, row.runtime, kernels)
-    hit = _ROW_PROFILES.get(key)
-    if hit is None:
-        if len(_ROW_PROFILES) > 4096:
-            _ROW_PROFILES.clear()
-        hit = _ROW_PROFILES[key] = make_profile(row.engine or resolved.engine, dict(resolved.terms),
-                                                name=resolved.name, runtime=row.runtime, kernels=kernels)
-    return hit
+    engine = row.engine or resolved.engine
+    return _engine_profile(resolved, engine, row.runtime, Kernels(engine, row.decode_kernel, row.sliding_window_kernel))
 
 
 def runtime_profile(runtime: str, profile):
-    """`profile` under a runtime by name (sim.validation.multigpu): pytorch hides launches and host work."""
-    if runtime != "pytorch":
-        return profile
+    """`profile` under a runtime by name (sim.validation.multigpu's rows: a runtime, no kernel overrides)."""
     resolved = get_profile(profile)
-    return pytorch_runtime(resolved) if resolved.launch_overhead_s is not None else profile
+    if resolved.terms is None:
+        return resolved
+    return _engine_profile(resolved, resolved.engine, runtime, Kernels(resolved.engine))
 
 
 def predict_row(row: Row, profile) -> float:
