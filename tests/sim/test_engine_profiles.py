@@ -14,6 +14,7 @@ from sim import engine, fit_profiles, validate
 from sim.profiles import engines as pe
 from sim.profiles import get_profile
 from sim.validation import published_gpu as pg
+from sim.validation import published_kernels as pk
 from sim.validation import published_report
 
 HAVE_CSV = pg.default_csv().is_file()
@@ -244,7 +245,9 @@ def test_fit_cli_errors_are_one_line(tmp_path, capsys):
     assert fit_profiles.main(["--csv", str(tmp_path / "missing.csv"), "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
     few = write_csv(tmp_path / "few.csv", [_row()])
-    assert fit_profiles.main(["--csv", str(few), "--out", str(tmp_path / "o.yaml")]) == 2
+    kernels = tmp_path / "kernels.csv"      # the row count is refused before the kernel rows are read
+    kernels.write_text(",".join(pk.COLUMNS) + "\n")
+    assert fit_profiles.main(["--csv", str(few), "--kernels", str(kernels), "--out", str(tmp_path / "o.yaml")]) == 2
     assert "need more than" in capsys.readouterr().err and not (tmp_path / "o.yaml").exists()
     assert fit_profiles.main(["--bogus"]) == 2
 
