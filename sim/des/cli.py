@@ -205,13 +205,12 @@ def _main(argv=None) -> int:
     if slo.given:
         raise cli.UserError("--slo-ttft-p99 / --slo-tpot-p99 set the limits of --find-max-qps: add it")
     try:
-        res = run_config(cfg, progress=not args.no_progress)  # the bar goes to stderr, never into --json
+        # the bar goes to stderr, never into --json; the per-request CSV is written as requests finish
+        res = run_config(cfg, progress=not args.no_progress, per_request=args.per_request)
     except FieldError as exc:   # e.g. the workload's requests: worded with the flag that set it
         raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
     if args.timeline:
         _write_csv(res.timeline, args.timeline)
-    if args.per_request:
-        _write_csv(res.requests, args.per_request)
     print(json.dumps(_jsonable(res.to_dict())) if args.json else format_report(res))
     return 0
 

@@ -10,16 +10,22 @@ Throughput over the makespan = last completion - first arrival (vLLM's benchmark
 output tokens/s, requests/s, and total (prompt + output) tokens/s.
 Each distribution is reported as mean, p50, p90, p99 (numpy linear-interpolated percentiles, like vLLM).
 Only completed requests enter the statistics; dropped requests are counted separately.
+
+Memory: a result keeps compact per-request and per-step numpy columns (about 100 bytes a request) and
+builds the `requests` and `timeline` DataFrames only when asked for. The pooled ITL sample is kept as
+runs of equal gaps (sim.des.columns), its statistics exact: equal to numpy's on the expanded sample.
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
+from .columns import summarize_runs
 from .scheduler import DONE, DROPPED
 
 STAT_KEYS = ("mean", "p50", "p90", "p99")
@@ -54,6 +60,40 @@ def summarize_over_time(values, durations, idle_s: float = 0.0) -> dict[str, flo
             "p50": held_at_least(0.5), "p90": held_at_least(0.9), "p99": held_at_least(0.99)}
 
 
+_TABLES = ("requests", "timeline", "request_columns", "timeline_columns")
+
+
+def request_columns(sched) -> dict:
+    """What the per-request table is computed from: the scheduler's own arrays (no copies) and its drops."""
+    return {"arrival": sched.arrival, "prompt": sched.prompt, "output": sched.output,
+            "first_scheduled": sched.first_scheduled, "first_token": sched.first_token, "finish": sched.finish,
+            "preemptions": sched.preemptions, "status": sched.status, "drop_reason": sched.drop_reason}
+
+
+def latencies(cols: dict, rows=slice(None)) -> dict[str, np.ndarray]:
+    """TTFT, TPOT, E2E and queueing time of the requests `rows` (NaN where not reached)."""
+    arrival, first, out_tokens = cols["arrival"][rows], cols["first_token"][rows], cols["output"][rows]
+    ttft = first - arrival
+    e2e = cols["finish"][rows] - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out_tokens > 1, (e2e - ttft) / (out_tokens - 1), np.nan)
+    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": cols["first_scheduled"][rows] - arrival}
+
+
+def request_frame(cols: dict, start: int = 0, stop: int | None = None) -> pd.DataFrame:
+    """Rows start..stop - 1 of the per-request table (`--per-request`'s CSV)."""
+    rows = slice(start, len(cols["arrival"]) if stop is None else stop)
+    lat, status = latencies(cols, rows), cols["status"][rows]
+    reasons = cols["drop_reason"]
+    return pd.DataFrame({
+        "arrival_s": cols["arrival"][rows], "prompt_tokens": cols["prompt"][rows],
+        "output_tokens": cols["output"][rows], "first_scheduled_s": cols["first_scheduled"][rows],
+        "first_token_s": cols["first_token"][rows], "finish_s": cols["finish"][rows], **lat,
+        "preemptions": cols["preemptions"][rows], "completed": status == DONE, "dropped": status == DROPPED,
+        "drop_reason": [reasons.get(i, "") for i in range(rows.start, rows.stop)],
+    })
+
+
 @dataclass
 class ServeResult:
     """Outcome of one serving simulation; `to_dict()` is what `sim.serve --json` prints."""
@@ -85,13 +125,25 @@ class ServeResult:
     weight_bytes: float
     peak_memory_bytes: float     # weights + peak KV (+ the analytic model's activation workspace)
     wall_s: float                # host seconds the simulation took
-    requests: pd.DataFrame = field(repr=False)
-    timeline: pd.DataFrame = field(repr=False)
+    # the tables' compact columns (numpy arrays); `requests` and `timeline` build DataFrames from them
+    request_columns: dict = field(repr=False)
+    timeline_columns: dict = field(repr=False)
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (request_frame)."""
+        return request_frame(self.request_columns)
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """One row per step: start, duration, KV bytes held, batch, in flight, decodes, prefill tokens, waiting."""
+        return pd.DataFrame(self.timeline_columns)
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("requests", "timeline")}
-        drops = self.requests.loc[self.requests.dropped, "drop_reason"]
-        out["drop_reasons"] = drops.value_counts().to_dict()
+        out = {k: v for k, v in self.__dict__.items() if k not in _TABLES}
+        cols = self.request_columns
+        reasons = [cols["drop_reason"][i] for i in np.flatnonzero(cols["status"] == DROPPED)]
+        out["drop_reasons"] = pd.Series(reasons).value_counts().to_dict()   # as the table's column counts them
         return out
 
     def to_json(self, **kwargs) -> str:
@@ -145,22 +197,9 @@ def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight
     """Metrics of a finished simulation from the scheduler's per-request arrays and the step timeline."""
     done = sched.status == DONE
     dropped = sched.status == DROPPED
-    arrival, first, finish = sched.arrival, sched.first_token, sched.finish
-    ttft = first - arrival
-    e2e = finish - arrival
-    out_tokens = sched.output
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out_tokens > 1, (e2e - ttft) / (out_tokens - 1), np.nan)
-    queue = sched.first_scheduled - arrival
-    itl = np.concatenate(sched.itl_chunks) if sched.itl_chunks else np.zeros(0)
-
-    requests = pd.DataFrame({
-        "arrival_s": arrival, "prompt_tokens": sched.prompt, "output_tokens": out_tokens,
-        "first_scheduled_s": sched.first_scheduled, "first_token_s": first, "finish_s": finish,
-        "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue,
-        "preemptions": sched.preemptions, "completed": done, "dropped": dropped,
-        "drop_reason": [sched.drop_reason.get(i, "") for i in range(sched.n_requests)],
-    })
+    cols = request_columns(sched)
+    lat = latencies(cols)
+    arrival, finish, out_tokens = sched.arrival, sched.finish, sched.output
     t, dt = timeline["t_s"], timeline["dt_s"]
     kv_bytes = timeline["kv_blocks"] * sched.pool.block_bytes
     batch, in_flight = timeline["batch"], timeline["in_flight"]
@@ -178,8 +217,8 @@ def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight
     peak_kv = float(sched.pool.peak_blocks * sched.pool.block_bytes)
     return ServeResult(
         config=config, completed=n_done, dropped=int(dropped.sum()), preemptions=int(sched.total_preemptions),
-        ttft_s=summarize(ttft[done]), tpot_s=summarize(tpot[done]), itl_s=summarize(itl),
-        e2e_s=summarize(e2e[done]), queue_s=summarize(queue[done]),
+        ttft_s=summarize(lat["ttft_s"][done]), tpot_s=summarize(lat["tpot_s"][done]), itl_s=summarize_runs(sched.itl),
+        e2e_s=summarize(lat["e2e_s"][done]), queue_s=summarize(lat["queue_s"][done]),
         tokens_per_s=rate(out_done), requests_per_s=rate(n_done), total_tokens_per_s=rate(in_done + out_done),
         makespan_s=makespan, busy_fraction=busy / makespan if makespan > 0 else float("nan"),
         busy_s=_busy_by_kind(dt, timeline["decodes"], timeline["prefill_tokens"]),
@@ -191,8 +230,8 @@ def build_result(sched, timeline: dict[str, np.ndarray], *, config: dict, weight
         mean_kv_bytes=float((kv_bytes * dt).sum() / makespan) if makespan > 0 else 0.0,
         kv_bytes=summarize_over_time(kv_bytes, dt, idle_s=makespan - busy),
         weight_bytes=float(weight_bytes), peak_memory_bytes=float(weight_bytes + workspace_bytes + peak_kv),
-        wall_s=wall_s, requests=requests,
-        timeline=pd.DataFrame({"t_s": t, "dt_s": dt, "kv_bytes": kv_bytes, "batch": batch, "in_flight": in_flight,
-                               "decodes": timeline["decodes"], "prefill_tokens": timeline["prefill_tokens"],
-                               "waiting": timeline["waiting"]}),
+        wall_s=wall_s, request_columns=cols,
+        timeline_columns={"t_s": t, "dt_s": dt, "kv_bytes": kv_bytes, "batch": batch, "in_flight": in_flight,
+                          "decodes": timeline["decodes"], "prefill_tokens": timeline["prefill_tokens"],
+                          "waiting": timeline["waiting"]},
     )

@@ -35,6 +35,7 @@ from collections import deque
 import numpy as np
 
 from .arrivals import Workload
+from .columns import RunLengths
 from .kvmemory import BlockPool, kv_schedule_table, prefill_held
 from .step_plan import ADMISSION_MODES, DEFAULT_WATERMARK, KVLengths, SchedulerConfig, StepPlan
 
@@ -72,7 +73,7 @@ class Scheduler:
         self.prefilling: list[int] = []                    # admitted, prefill not complete (admission order)
         self.running = np.zeros(0, dtype=np.int64)         # decoding, admission order
         self._seq = 0
-        self.itl_chunks: list[np.ndarray] = []             # inter-token gaps, pooled over requests
+        self.itl = RunLengths()                            # inter-token gaps, pooled over requests (as runs)
         self.completed = 0
         self.dropped = 0
         self.total_preemptions = 0
@@ -272,7 +273,7 @@ class Scheduler:
         completed = 0
         dec = plan.decode_ids
         if len(dec):
-            self.itl_chunks.append(now - self.last_token[dec])
+            self.itl.extend(now - self.last_token[dec])
             self.last_token[dec] = now
             self.generated[dec] += 1
             done = self.generated[dec] >= self.output[dec]
@@ -292,7 +293,7 @@ class Scheduler:
             if self.generated[i] == 0:
                 self.first_token[i] = now
             else:  # recompute after preemption: the gap includes the stall
-                self.itl_chunks.append(np.array([now - self.last_token[i]]))
+                self.itl.append(now - self.last_token[i])
             self.last_token[i] = now
             self.generated[i] += 1
             if self.generated[i] >= self.output[i]:

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 import numpy as np
 import simpy
 
+from .columns import StepColumns
 from .scheduler import Scheduler, StepPlan
 
 
@@ -48,7 +49,8 @@ def step_seconds(timer: StepTimer, plan: StepPlan) -> float:
 class ServingSimulation:
     def __init__(self, scheduler: Scheduler, timer: StepTimer, *, progress: bool = False,
                  progress_desc: str = "simulating", check_every_step: bool = False,
-                 stop: Callable[[Scheduler, float], bool] | None = None):
+                 stop: Callable[[Scheduler, float], bool] | None = None,
+                 after_step: Callable[[Scheduler], None] | None = None):
         self.sched = scheduler
         self._stop = stop
         self.stopped = False                      # ended by `stop` before every request was served
@@ -59,8 +61,12 @@ class ServingSimulation:
         self.check_every_step = check_every_step  # tests: verify memory invariants after every step
         self._progress = progress
         self._progress_desc = progress_desc
-        cols = ("t_s", "dt_s", "kv_blocks", "batch", "in_flight", "decodes", "prefill_tokens", "waiting")
-        self._timeline: dict[str, list] = {c: [] for c in cols}
+        self._after_step = after_step
+        # one row per step in numpy columns (no Python objects per step: a million-request run has a
+        # million steps); simpy's clock starts at the int 0, kept as an int column while every t is one
+        self._timeline = StepColumns({"t_s": np.float64, "dt_s": np.float64, **dict.fromkeys(
+            ("kv_blocks", "batch", "in_flight", "decodes", "prefill_tokens", "waiting"), np.int64)})
+        self._int_clock = True
 
     # ---- processes ---------------------------------------------------------------------------------
     def _arrivals(self):
@@ -93,16 +99,13 @@ class ServingSimulation:
             dt = step_seconds(self.timer, plan)
             if not (dt > 0 and np.isfinite(dt)):
                 raise AssertionError(f"step time model returned {dt!r} s")
-            tl["t_s"].append(env.now)
-            tl["dt_s"].append(dt)
-            tl["kv_blocks"].append(sched.pool.used_blocks)
-            tl["batch"].append(plan.batch_size)
-            tl["in_flight"].append(sched.in_flight())
-            tl["decodes"].append(len(plan.decode_ids))
-            tl["prefill_tokens"].append(plan.prefill_tokens)
-            tl["waiting"].append(len(sched.waiting))
+            self._int_clock = self._int_clock and isinstance(env.now, int)
+            tl.append(env.now, dt, sched.pool.used_blocks, plan.batch_size, sched.in_flight(), len(plan.decode_ids),
+                      plan.prefill_tokens, len(sched.waiting))
             yield env.timeout(dt)
             sched.finish_step(plan, env.now)
+            if self._after_step is not None:
+                self._after_step(sched)
             if self.check_every_step:
                 sched.check_invariants()
             if bar is not None and sched.completed + sched.dropped > bar.n:
@@ -132,6 +135,9 @@ class ServingSimulation:
         unfinished = self.sched.n_requests - self.sched.completed - self.sched.dropped
         if unfinished and not self.stopped:
             raise AssertionError(f"{unfinished} requests neither completed nor dropped")
-        timeline = {k: np.asarray(v) for k, v in self._timeline.items()}
-        timeline["kv_blocks"] = timeline["kv_blocks"].astype(np.int64)
+        timeline = self._timeline.arrays()
+        if not self._timeline.n:      # no step ran (every request dropped): float columns, as ever
+            timeline = {k: v.astype(np.int64 if k == "kv_blocks" else float) for k, v in timeline.items()}
+        elif self._int_clock:
+            timeline["t_s"] = timeline["t_s"].astype(np.int64)
         return timeline, time.perf_counter() - start

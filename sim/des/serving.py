@@ -15,6 +15,7 @@ from sim.des.analytic import AnalyticTimer, PolicyKV, TraceKV, load_trace, memor
 from sim.des.arrivals import ARRIVAL_KINDS, make_workload
 from sim.des.lengths import SPEC_HELP, LengthDist, check_spec
 from sim.des.metrics import ServeResult, build_result
+from sim.des.request_log import RequestLog
 from sim.des.scheduler import ADMISSION_MODES, DEFAULT_WATERMARK, Scheduler, SchedulerConfig
 from sim.des.server import ServingSimulation
 from sim.des.step_grid import GridDecodeTimer
@@ -182,9 +183,10 @@ class ServeConfig:
 CONFIG_FIELDS = tuple(f.name for f in fields(ServeConfig))
 
 
-def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None) -> ServeResult:
+def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None, per_request=None) -> ServeResult:
     """Build the workload, KV source, memory budget, scheduler and step timer of `cfg`; run; measure.
-    `stop(scheduler, now)`: ends the run early when true (sim.des.server)."""
+    `stop(scheduler, now)`: ends the run early when true (sim.des.server); `per_request`: a CSV path the
+    per-request table is written to as requests finish (sim.des.request_log)."""
     from sim.profiles import resolve_profile_name
     profile = resolve_profile_name(cfg.profile, cfg.hw)      # `auto`: the device's default
     workload = cfg.workload()
@@ -227,9 +229,16 @@ def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None) -> ServeR
              else AnalyticTimer(setup.hw, setup.model, **timer_kw))
     if cfg.step_grid is not None:
         timer = GridDecodeTimer(timer, cfg.step_grid)
-    sim = ServingSimulation(sched, timer, progress=progress, stop=stop,
+    log = RequestLog(per_request) if per_request else None
+    sim = ServingSimulation(sched, timer, progress=progress, stop=stop, after_step=log and log.after_step,
                             progress_desc=f"serve {setup.model.name} {cfg.policy} on {setup.hw.name}")
-    timeline, wall = sim.run()
+    try:
+        timeline, wall = sim.run()
+        if log is not None:
+            log.close(sched)
+    finally:
+        if log is not None and not log.closed:
+            log.abort()
     config = {**cfg.to_dict(), "workload": workload.source, "requests": len(workload),
               "kv_source": "trace" if cfg.trace else "formula", "step_tokens": step_tokens,
               "kv_bytes_per_token": budget.kv_bytes_per_token, "block_bytes": block_bytes,
