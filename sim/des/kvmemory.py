@@ -8,6 +8,7 @@ The pool only counts blocks: which physical block a token sits in does not chang
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -36,6 +37,11 @@ class BlockPool:
     def blocks_for(self, tokens):
         """Blocks needed to hold `tokens` (scalar or array; fractional mean lengths round up)."""
         return np.ceil(np.asarray(tokens, dtype=float) / self.block_tokens - 1e-9).astype(np.int64)
+
+    def blocks_for_one(self, tokens) -> int:
+        """blocks_for of one length: the same float arithmetic without numpy's per-call cost (admission
+        asks it for every request it looks at)."""
+        return math.ceil(float(tokens) / self.block_tokens - 1e-9)
 
     @property
     def free_blocks(self) -> int:

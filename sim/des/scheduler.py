@@ -67,6 +67,10 @@ class Scheduler:
         self.first_token = np.full(n, np.nan)
         self.last_token = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
+        # the next decode step of each decoding request: tokens it reads and blocks it needs, set whenever
+        # the request emits a token (finish_step), so a step reads them instead of recomputing them
+        self.next_kv = np.zeros(n)
+        self.next_need = np.zeros(n, dtype=np.int64)
         self.drop_reason: dict[int, str] = {}
 
         self.waiting: deque[int] = deque()
@@ -83,6 +87,9 @@ class Scheduler:
     def _build_kv_table(self, kv: KVLengths) -> None:
         self.kv_flat, self.kv_offset, self.peak_blocks = kv_schedule_table(kv, self.prompt, self.output, self.pool)
         self._prefill_held = prefill_held(kv)
+        reserve = self.cfg.admission == "reserve"
+        # reservations already cover all growth; else vLLM's watermark of free blocks
+        self._watermark = 0 if reserve else int(np.ceil(self.cfg.watermark * self.pool.capacity_blocks))
 
     # ---- queue -------------------------------------------------------------------------------------
     def arrive(self, i: int, now: float) -> None:
@@ -113,12 +120,10 @@ class Scheduler:
     def _admission_blocks(self, i: int, tokens: int) -> int:
         if self.cfg.admission == "reserve":
             return int(self.peak_blocks[i])
-        return int(self.pool.blocks_for(self._prefill_held(tokens)))
+        return self.pool.blocks_for_one(self._prefill_held(tokens))
 
     def _watermark_blocks(self) -> int:
-        if self.cfg.admission == "reserve":
-            return 0  # reservations already cover all growth
-        return int(np.ceil(self.cfg.watermark * self.pool.capacity_blocks))
+        return self._watermark
 
     def _preempt(self, i: int) -> None:
         """Recompute preemption: free everything, back to the head of the queue with its tokens so far."""
@@ -141,8 +146,8 @@ class Scheduler:
     def _grow_decodes(self, dec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Give each decode request the blocks its next step needs, preempting (LIFO) until they fit."""
         while True:
-            kv = self._kv_next(dec)
-            need = self.pool.blocks_for(kv + 1.0)  # the step appends its own token
+            kv = self.next_kv[dec]
+            need = self.next_need[dec]
             extra = np.maximum(need - self.held[dec], 0)
             total_extra = int(extra.sum())
             if total_extra <= self.pool.free_blocks:
@@ -169,7 +174,8 @@ class Scheduler:
             return None
         i = self.waiting[0]
         total = int(self.prompt[i] + self.generated[i])  # recompute covers the tokens already generated
-        if self._admission_blocks(i, total) > self.pool.capacity_blocks:
+        whole = self._admission_blocks(i, total)
+        if whole > self.pool.capacity_blocks:
             # Only a recompute can get here (arrival checked the first prefill): an evicting policy
             # re-materialises prompt + generated tokens, which may exceed the whole pool.
             self.waiting.popleft()
@@ -178,7 +184,7 @@ class Scheduler:
         chunk = min(total, budget) if chunked else total
         if not chunked and not first and chunk > step_cap:
             return None
-        blocks = self._admission_blocks(i, chunk)
+        blocks = whole if chunk == total else self._admission_blocks(i, chunk)
         # The watermark keeps room for running requests to grow; with none running it protects nothing.
         watermark = self._watermark_blocks() if self.in_flight() else 0
         if blocks + watermark > self.pool.free_blocks:
@@ -248,7 +254,7 @@ class Scheduler:
         dec, _ = self._grow_decodes(self.running[:budget])
         budget -= len(dec)
         chunks, dec, budget = self._continue_prefills(budget, dec)
-        kv = self._kv_next(dec)
+        kv = self.next_kv[dec]
         new = []
         # Like vLLM v1: no new admissions in a step that had to preempt (they would be preempted next).
         while (self.total_preemptions == preempted_before
@@ -283,8 +289,8 @@ class Scheduler:
                 completed += len(finished)
                 self.running = self.running[self.status[self.running] == DECODE]
                 dec = dec[~done]
-            if self.cfg.admission == "paged" and len(dec):
-                self._shrink(dec)
+            self._next_step(dec)
+        started = []
         for i, new, _past, _completes in plan.prefill:
             self.prefill_done[i] += new
             if self.prefill_done[i] < self.prefill_total[i]:
@@ -301,18 +307,29 @@ class Scheduler:
                 completed += 1
                 continue
             self.status[i] = DECODE
-            self.running = np.append(self.running, i)
-            if self.cfg.admission == "paged":
-                self._shrink(np.array([i]))
+            started.append(i)
+        if started:
+            started = np.asarray(started, dtype=np.int64)
+            self.running = np.concatenate([self.running, started])
+            self._next_step(started)
         return completed
 
-    def _shrink(self, ids: np.ndarray) -> None:
-        """Release blocks beyond the next step's need (evicting policies fall to their budget)."""
-        keep = np.minimum(self.held[ids], self.pool.blocks_for(self._kv_next(ids) + 1.0))
-        freed = int((self.held[ids] - keep).sum())
-        if freed:
-            self.held[ids] = keep
-            self.pool.release(freed)
+    def _next_step(self, ids: np.ndarray) -> None:
+        """Record what the next decode step of `ids` reads and needs; with paged memory release the blocks
+        beyond that need (evicting policies fall to their budget)."""
+        if not len(ids):
+            return
+        kv = self._kv_next(ids)
+        need = self.pool.blocks_for(kv + 1.0)  # the step appends its own token
+        self.next_kv[ids] = kv
+        self.next_need[ids] = need
+        if self.cfg.admission == "paged":
+            held = self.held[ids]
+            keep = np.minimum(held, need)
+            freed = int((held - keep).sum())
+            if freed:
+                self.held[ids] = keep
+                self.pool.release(freed)
 
     def _complete(self, ids: np.ndarray, now: float) -> None:
         self.finish[ids] = now
