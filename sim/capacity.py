@@ -63,17 +63,22 @@ def _largest(mem, cap, shape, upper, knots=()):
     hi = np.minimum(np.floor(np.broadcast_to(np.maximum(upper, 1.0), shape)), float(MAX_BATCH_LIMIT)) + 1.0
     points = np.sort(np.stack([np.ones(shape), hi, *(np.clip(np.broadcast_to(k, shape), 1.0, hi) for k in knots)]),
                      axis=0)
-    values = np.stack([mem(b) for b in points])
+    values = np.broadcast_to(mem(points), points.shape)    # memory is elementwise: one call for all knots
     guess = np.ones(shape)
     for (b0, b1), (m0, m1) in zip(zip(points[:-1], points[1:]), zip(values[:-1], values[1:])):
         crossing = (m0 <= cap) & (cap < m1)
         step = np.where(m1 > m0, (cap - m0) / np.where(m1 > m0, m1 - m0, 1.0), 0.0)
         guess = np.where(crossing, b0 + step * (b1 - b0), guess)
     guess = np.where(values[-1] <= cap, points[-1], guess)
-    b = np.maximum(np.floor(guess + 1e-9), 1.0)
-    b = np.where(mem(b + 1) <= cap, b + 1, b)               # rounding at the crossing: one step either way
-    b = np.where((mem(b) > cap) & (b > 1), b - 1, b)
-    ok, above = mem(b) <= cap, mem(b + 1) <= cap
+    b0 = np.maximum(np.floor(guess + 1e-9), 1.0)
+    below, at, next_, after = np.broadcast_to(mem(b0 + np.arange(-1.0, 3.0).reshape(-1, *(1,) * b0.ndim)),
+                                              (4,) + b0.shape)             # mem(b0 - 1 ... b0 + 2) in one call
+    up = next_ <= cap                                       # rounding at the crossing: one step either way
+    b, mem_b = np.where(up, b0 + 1, b0), np.where(up, next_, at)
+    down = (mem_b > cap) & (b > 1)
+    b = np.where(down, b - 1, b)
+    ok = np.where(down, np.where(up, at, below), mem_b) <= cap
+    above = np.where(down, mem_b, np.where(up, after, next_)) <= cap
     fits_one = values[0] <= cap
     settled = ~fits_one | (ok & ~above) | (ok & (b >= hi))
     if not settled.all():                                   # not piecewise linear here: bisect

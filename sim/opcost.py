@@ -132,9 +132,11 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
     rows = [i for i, op in enumerate(ops) if op.gemm or op.matmul]
     if rows:                                                # GEMM-class: tiled (ramp) or streaming kernel
         f, p = flops[rows], peak[rows]
-        tiled = f / (p * gemm_rows_limit(hw, [ops[i] for i in rows], compute_efficiency(hw, np.maximum(f, 1.0), p)))
+        eff = gemm_rows_limit(hw, [ops[i] for i in rows], compute_efficiency(hw, np.maximum(f, 1.0), p))
+        tiled = np.divide(f, np.multiply(p, eff, out=eff if eff.shape == np.broadcast_shapes(p.shape, eff.shape)
+                                         and eff.dtype == np.float64 else None))
         if s.stream_flops > 0:
-            tiled = np.minimum(tiled, f / s.stream_flops)
+            np.minimum(tiled, f / s.stream_flops, out=tiled)
         t_compute[rows] = tiled
     t_compute = _own_rates(ops, t_compute, flops, peak)
     if hosts is None:
@@ -148,7 +150,7 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
     b_eff = hw.bw_efficiency(np.maximum(sizes, 1.0))
     if factors is not None:
         b_eff = b_eff * factors
-    t_memory = nbytes / (hw.memory_bw * b_eff)
+    t_memory = nbytes / (hw.memory_bw * b_eff)      # (memory_bw * b_eff: the operand order of the rule)
     for h, inside in kernels.items():
         for i in inside:
             t_compute[h] += t_compute[i]

@@ -25,13 +25,13 @@ from sim.engine.evaluation import evaluate
 from sim.engine.latency import DECODE_NODES, decode_nodes
 from sim.engine.memory import MAX_BATCH_LIMIT, max_batch, max_batch_all_at_once, memory_bytes
 from sim.engine.prediction import TABLE_COLUMNS, Prediction, predict
-from sim.engine.setup import (Setup, activation_dtype, launch_seconds, make_ctx, make_setup, resolve_device,
+from sim.engine.setup import (DtypeCodes, Setup, activation_dtype, launch_seconds, make_ctx, make_setup, resolve_device,
                               switch_seconds)
 from sim.engine.steps import decode_step_time, mixed_step_time, packed_prefill_time, prefill_time
 from sim.engine.timing import TimedOps, kernel_seconds, step_time_scalar, stream_factors, streams_weights, time_ops
 from sim.ops import dense_ops, forward_ops, group_ops
 
-__all__ = ["DECODE_NODES", "MAX_BATCH_LIMIT", "TABLE_COLUMNS", "Prediction", "Setup", "TimedOps", "activation_dtype",
+__all__ = ["DECODE_NODES", "DtypeCodes", "MAX_BATCH_LIMIT", "TABLE_COLUMNS", "Prediction", "Setup", "TimedOps", "activation_dtype",
            "decode_nodes", "decode_step_time", "dense_ops", "evaluate", "forward_ops", "group_ops", "kernel_seconds",
            "launch_seconds", "make_ctx", "make_setup", "max_batch", "max_batch_all_at_once", "memory_bytes",
            "mixed_step_time", "packed_prefill_time", "predict", "prefill_time", "resolve_device", "step_time_scalar", "stream_factors",

@@ -7,7 +7,7 @@ import numpy as np
 from sim import capacity, kvlen, policies
 from sim.engine.latency import check_override, stacked_latency
 from sim.engine.memory import peak_kv_tokens
-from sim.engine.setup import Setup, make_setup, per_point_dtypes
+from sim.engine.setup import DtypeCodes, Setup, make_setup, per_point_dtypes
 
 
 def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_ratio=0.3, beams=1,
@@ -16,11 +16,12 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     """All results for arrays of points sharing (device, model, policy, profile).
 
     Every numeric argument may be an array (broadcast together); `kv_dtype` and `weight_dtype` may be
-    a name or an array of names, one per point."""
+    a name, an array of names, one per point, or their DtypeCodes."""
     arrays = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, float)) for v in
                                    (batch, beams, prompt, gen, cache_ratio, recent_ratio)))
     batch, beams, prompt, gen, cache_ratio, recent_ratio = arrays
-    first = lambda d: d if isinstance(d, str) else str(np.asarray(d, dtype=object).ravel()[0])
+    first = lambda d: d if isinstance(d, str) else d.first() if isinstance(d, DtypeCodes) else str(
+        np.asarray(d, dtype=object).ravel()[0])
     s = make_setup(hw, model, policy, first(weight_dtype), first(kv_dtype), profile)
     s = per_point_dtypes(s, weight_dtype, kv_dtype, batch.size)
     validate_points(batch, beams, prompt, gen, cache_ratio, recent_ratio)

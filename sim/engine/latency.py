@@ -9,7 +9,7 @@ import numpy as np
 
 from sim import kvlen, policies
 from sim.engine.setup import Setup, make_ctx
-from sim.engine.timing import TimedOps, time_ops
+from sim.engine.timing import TimedOps, time_ops, time_tables
 from sim.op import FIELDS
 from sim.ops import forward_ops
 
@@ -70,12 +70,9 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
         s = replace(s, **per_point)
     keep = FIELDS if keep_ops else ("kv_read_bytes",)
     zeros = np.zeros(np.shape(b)[0])
-    if "prefill" in parts:
-        pre = drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r)), keep=keep))
-        ttft = pre.step_time[:, 0]
-    else:
-        pre, ttft = None, zeros
+    pre_ops = forward_ops(make_ctx(s, "prefill", b, k, n, 0.0, p, r)) if "prefill" in parts else None
     if "decode" not in parts:
+        ttft = zeros if pre_ops is None else drop_layer_axis(time_ops(s, pre_ops, keep=keep)).step_time[:, 0]
         return dict(ttft_s=ttft, tpot_s=zeros, e2e_s=ttft)
     lean = "prefill" not in parts and not keep_ops       # capacity's decode-only pass: TPOT alone
     nodes, weights = decode_nodes(s.policy, gen, kv_override)                # (P or 1, nodes)
@@ -83,8 +80,13 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
         past, slots = kvlen.kv_tokens(s.policy, n[..., 0], nodes, p[..., 0], model=s.model)[..., None], 1
     else:
         past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
-    dec = drop_layer_axis(time_ops(s, forward_ops(make_ctx(s, "decode", bd, k, 1.0, past, p, r)),
-                                    layer_slots=slots, keep=keep))
+    dec_ops = forward_ops(make_ctx(s, "decode", bd, k, 1.0, past, p, r))
+    if pre_ops is not None and slots == 1:               # both phases in one pass where their shapes agree
+        pre, dec = (drop_layer_axis(t) for t in time_tables(s, [pre_ops, dec_ops], keep=keep))
+    else:
+        pre = None if pre_ops is None else drop_layer_axis(time_ops(s, pre_ops, keep=keep))
+        dec = drop_layer_axis(time_ops(s, dec_ops, layer_slots=slots, keep=keep))
+    ttft = zeros if pre is None else pre.step_time[:, 0]
     t_steps = np.maximum(np.asarray(gen, float) - 1.0, 0.0)
     mean = lambda a: (a * weights).sum(-1)                                   # over decode-step nodes
     tpot = np.where(t_steps > 0, mean(dec.step_time), 0.0)

@@ -126,22 +126,40 @@ def make_ctx(s: Setup, phase, batch, beams, new_tokens, past_tokens, cache_ratio
                      completes_prompt=completes_prompt, hw=s.hw)
 
 
+@dataclass(frozen=True)
+class DtypeCodes:
+    """A dtype per point, given as its distinct names and each point's index into them (what a sweep has
+    after factorising a column once): accepted wherever an array of dtype names is."""
+    names: tuple
+    codes: np.ndarray
+
+    def first(self) -> str:
+        return str(self.names[int(self.codes.flat[0])])
+
+
 def per_point_dtypes(s: Setup, weight_dtype, kv_dtype, n: int) -> Setup:
     """A Setup whose dtype widths and peaks are per-point arrays, when the points mix dtypes."""
     if isinstance(weight_dtype, str) and isinstance(kv_dtype, str):
         return s
     hw = s.hw
 
-    def per_point(values, fn):
-        arr = np.broadcast_to(np.asarray(values, dtype=object), (n,)).astype(str)
-        uniq, inverse = np.unique(arr, return_inverse=True)
-        return np.array([fn(canonical_dtype(u)) for u in uniq], dtype=float)[inverse]
+    def coded(values):
+        """(the distinct canonical names, each point's index into them): one pass over the names."""
+        if isinstance(values, DtypeCodes):
+            return [canonical_dtype(name) for name in values.names], np.broadcast_to(values.codes, (n,))
+        arr = np.broadcast_to(np.asarray(values, dtype=object), (n,))
+        names = list(dict.fromkeys(arr.tolist()))
+        if len(names) == 1:
+            return [canonical_dtype(names[0])], np.zeros(n, dtype=np.intp)
+        lookup = {name: i for i, name in enumerate(names)}
+        return [canonical_dtype(name) for name in names], np.fromiter(map(lookup.__getitem__, arr.tolist()),
+                                                                      dtype=np.intp, count=n)
 
+    weights, kvs = coded(weight_dtype), coded(kv_dtype)
+    per_point = lambda code, fn: np.array([float(fn(name)) for name in code[0]], dtype=float)[code[1]]
     return replace(s, weight_dtype="mixed" if not isinstance(weight_dtype, str) else s.weight_dtype,
                    kv_dtype="mixed" if not isinstance(kv_dtype, str) else s.kv_dtype, act_dtype="mixed",
-                   wb=per_point(weight_dtype, dtype_bytes), kvb=per_point(kv_dtype, dtype_bytes),
-                   ab=per_point(weight_dtype, lambda d: dtype_bytes(activation_dtype(d))),
-                   peak_gemm=per_point(weight_dtype, hw.peak_flops),
-                   peak_vector=per_point(weight_dtype, lambda d: hw.peak_flops(activation_dtype(d))))
-
-
+                   wb=per_point(weights, dtype_bytes), kvb=per_point(kvs, dtype_bytes),
+                   ab=per_point(weights, lambda d: dtype_bytes(activation_dtype(d))),
+                   peak_gemm=per_point(weights, hw.peak_flops),
+                   peak_vector=per_point(weights, lambda d: hw.peak_flops(activation_dtype(d))))

@@ -4,13 +4,15 @@ through `kernel_seconds`, the one formula; they differ only in how they gather t
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 from sim.engine.setup import Setup
 from sim.op import BYTE_FIELDS, FIELDS, Op
-from sim.opcost import op_costs
+from sim.opcost import kernel_hosts, op_costs
 
 
 def streams_weights(op: Op) -> bool:
@@ -22,9 +24,10 @@ def streams_weights(op: Op) -> bool:
 
 def stack(values) -> np.ndarray:
     """(n_ops, *broadcast shape) float array from scalars and/or arrays."""
-    if all(isinstance(v, (int, float)) for v in values):
+    shapes = {v.shape for v in values if isinstance(v, np.ndarray)}
+    if not shapes and all(isinstance(v, (int, float)) for v in values):
         return np.array(values, dtype=float)
-    shape = np.broadcast_shapes(*(np.shape(v) for v in values))
+    shape = shapes.pop() if len(shapes) == 1 else np.broadcast_shapes(*shapes, *(np.shape(v) for v in values))
     out = np.empty((len(values), *shape))
     for i, v in enumerate(values):
         out[i] = v                                  # broadcasting assignment: no temporaries
@@ -90,28 +93,119 @@ def kernel_seconds(s: Setup, ops: list[Op], flops, nbytes, extra=()):
     return t_compute, t_memory, t_kernel + launches * per_launch
 
 
-def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS) -> TimedOps:
-    """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
+# the Op fields that may hold per-point arrays: an op's own shape is their broadcast
+ARRAY_FIELDS = FIELDS + ("launches", "rows", "compute_eff", "compute_scale", "bw_scale", "fresh_tensor_bytes")
 
-    `keep` names the FLOP/byte columns to return (sweeps skip the ones no output needs)."""
+
+_array_fields = operator.attrgetter(*ARRAY_FIELDS)
+
+
+def op_shape(op: Op) -> tuple:
+    shapes = {v.shape for v in _array_fields(op) if isinstance(v, np.ndarray)}
+    return shapes.pop() if len(shapes) == 1 else np.broadcast_shapes(*shapes) if shapes else ()
+
+
+def op_shapes(ops: list[Op]) -> list[tuple]:
+    return [op_shape(op) for op in ops]
+
+
+def node_partition(ops: list[Op], shapes: list[tuple] | None = None) -> list[int] | None:
+    """Indices of the ops smaller than the table (e.g. a full-attention decode's dense ops, the same at every
+    decode-step node while attention grows), with every fused kernel kept whole; None when all ops share
+    the table's shape (nothing to save). Every formula is elementwise per op, so timing those ops at their
+    own shape and broadcasting the seconds gives the same numbers in a fraction of the work."""
+    shapes = op_shapes(ops) if shapes is None else shapes
+    distinct = set(shapes)
+    if len(distinct) == 1:
+        return None
+    full = math.prod(np.broadcast_shapes(*distinct))
+    small = [math.prod(shape) < full for shape in shapes]
+    if all(small):
+        return None
+    hosts = kernel_hosts(ops)
+    if hosts is not None:                  # a kernel with any large op is large, host and inside alike
+        for i, h in enumerate(hosts):
+            if not (small[i] and small[h]):
+                small[i] = small[h] = False
+        for i, h in enumerate(hosts):      # a host marked large after its first fused op was checked
+            if not small[h]:
+                small[i] = False
+    picked = [i for i, is_small in enumerate(small) if is_small]
+    if not picked or math.prod(np.broadcast_shapes(*{shapes[i] for i in picked})) >= full:
+        return None
+    return picked
+
+
+def _timed_part(s: Setup, ops: list[Op], layer_slots: int, keep, ndim: int | None = None):
+    """(per_op, t_compute, t_memory, fields) of `ops`, per op and layer slot times its occurrences."""
     n_layers = s.model.n_layers
-    flops = stack([op.flops for op in ops])
-    byte_parts = {f: stack([getattr(op, f) for op in ops]) for f in BYTE_FIELDS}
+    columns = {f: stack([getattr(op, f) for op in ops]) for f in FIELDS}
+    # every column as (n_ops, *table axes): a column of scalars is (n_ops,) and must not broadcast along
+    # the last axis; a part of a larger table (`ndim`) gets that table's axes, as ones where it has none
+    ndim = max([ndim or 0] + [v.ndim - 1 for v in columns.values()])
+    columns = {f: v.reshape(v.shape[:1] + (1,) * (ndim + 1 - v.ndim) + v.shape[1:]) for f, v in columns.items()}
+    byte_parts = {f: columns[f] for f in BYTE_FIELDS}
     nbytes = sum(byte_parts[f] for f in BYTE_FIELDS)
-    flops, nbytes = np.broadcast_arrays(flops, nbytes)
+    flops, nbytes = np.broadcast_arrays(columns["flops"], nbytes)
     extra = (1,) * (flops.ndim - 1)
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
     t_compute, t_memory, per_occurrence = kernel_seconds(s, ops, flops, nbytes, extra)
-    per_op = per_occurrence * mult
     parts = {"flops": flops, **byte_parts}
     fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
-    t_compute, t_memory = t_compute * mult, t_memory * mult
+    return per_occurrence * mult, t_compute * mult, t_memory * mult, fields
+
+
+def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=None) -> TimedOps:
+    """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
+
+    `keep` names the FLOP/byte columns to return (sweeps skip the ones no output needs). Ops smaller
+    than the table (node_partition) are timed at their own shape and broadcast into it."""
+    shapes = op_shapes(ops) if shapes is None else shapes
+    small = node_partition(ops, shapes)
+    if small is None:
+        per_op, t_compute, t_memory, fields = _timed_part(s, ops, layer_slots, keep)
+    else:
+        large = [i for i in range(len(ops)) if i not in set(small)]
+        ndim = len(np.broadcast_shapes(*(shapes[i] for i in large)))
+        big = _timed_part(s, [ops[i] for i in large], layer_slots, keep)
+        little = _timed_part(s, [ops[i] for i in small], layer_slots, keep, ndim)
+
+        def merged(a, b):
+            out = np.empty((len(ops),) + np.broadcast_shapes(a.shape[1:], b.shape[1:]))
+            out[large], out[small] = a, b
+            return out
+
+        per_op, t_compute, t_memory = (merged(a, b) for a, b in zip(big[:3], little[:3]))
+        fields = {f: merged(big[3][f], little[3][f]) for f in keep}
     if layer_slots > 1:   # collapse the layer axis: totals over the step
         per_op, t_compute, t_memory = per_op.sum(-1), t_compute.sum(-1), t_memory.sum(-1)
         fields = {f: v.sum(-1) for f, v in fields.items()}
     return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s,
                     [op.fused_into for op in ops])
+
+
+def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[TimedOps]:
+    """time_ops of each op list (one layer slot), in one pass over the operator tables when all their ops
+    share a shape (a prefill and an evicting policy's decode: one roofline evaluation instead of two);
+    the same numbers either way, since every formula is elementwise per op."""
+    ops = [op for table in tables for op in table]
+    shapes = op_shapes(ops)
+    if len(set(shapes)) > 1:
+        out, start = [], 0
+        for table in tables:
+            out.append(time_ops(s, table, keep=keep, shapes=shapes[start:start + len(table)]))
+            start += len(table)
+        return out
+    per_op, t_compute, t_memory, fields = _timed_part(s, ops, 1, keep)
+    out, start = [], 0
+    for table in tables:
+        rows = slice(start, start + len(table))
+        start = rows.stop
+        out.append(TimedOps([op.name for op in table], {f: v[rows] for f, v in fields.items()}, t_compute[rows],
+                            t_memory[rows], per_op[rows], per_op[rows].sum(0) + s.host_s,
+                            [op.fused_into for op in table]))
+    return out
 
 
 def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:

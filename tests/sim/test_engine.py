@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from sim import kvlen
+from sim import engine, kvlen
 from sim.engine import TABLE_COLUMNS, decode_step_time, evaluate, memory_bytes, mixed_step_time, predict, prefill_time
 from sim.models import load_model
 from sim.ops import Op
@@ -317,3 +317,16 @@ def test_in_out_rows_table_applies_to_conv1d_projections_only(tmp_path):
     ops, ops_rows = mean_ops(io_dev), mean_ops(rows_dev)
     assert ops["mlp"] < ops_rows["mlp"] and ops["qkv_proj"] < ops_rows["qkv_proj"]
     assert ops["lm_head"] == pytest.approx(ops_rows["lm_head"], rel=1e-12)
+
+
+def test_dtype_codes_are_the_names_they_stand_for():
+    """evaluate takes a per-point dtype as an array of names or as DtypeCodes (distinct names + index),
+    the sweep's factorised column: the same results to the bit."""
+    names = np.array(["bf16", "fp8", "bf16", "int8", "fp8"], dtype=object)
+    codes = engine.DtypeCodes(("bf16", "fp8", "int8"), np.array([0, 1, 0, 2, 1]))
+    kw = dict(batch=np.array([1, 8, 32, 4, 64]), prompt=1024, gen=np.array([64, 128, 256, 512, 32]),
+              cache_ratio=0.5, profile="fused")
+    a = engine.evaluate("h100-sxm", "llama-2-7b", "h2o", kv_dtype=names, weight_dtype="fp16", **kw)
+    b = engine.evaluate("h100-sxm", "llama-2-7b", "h2o", kv_dtype=codes, weight_dtype="fp16", **kw)
+    for key in ("ttft_s", "tpot_s", "peak_memory_bytes", "max_batch", "max_batch_tokens_per_s"):
+        assert np.array_equal(a[key], b[key]), key
