@@ -67,7 +67,11 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n")[0])
     p.add_argument("--points", type=point_count, default=1_000_000,
                    help=f"design points to evaluate, 1 to {MAX_POINTS:.0e} (default 1e6)")
-    p.add_argument("--chunk", type=positive_int, default=250_000, help="points per evaluate() call")
+    # one call per million points: each (device, model, policy, profile) group is then 4x larger than at
+    # 250k, and a group's fixed cost (building and timing its operator tables) is paid 4x less often;
+    # peak RSS at 1e6 points is about 0.8 GB (docs/performance.md)
+    p.add_argument("--chunk", type=positive_int, default=1_000_000,
+                   help="points per evaluate() call (default 1e6; smaller chunks pay the per-group cost more often)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the points")
     p.add_argument("--hw", type=device_list, help="comma-separated devices (default: all datasheet devices)")
     return p
