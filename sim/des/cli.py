@@ -19,6 +19,7 @@ from sim.des.metrics import STAT_KEYS, ServeResult
 from sim.des.scheduler import ADMISSION_MODES
 from sim.des.serving import ServeConfig, run_config
 from sim.des.slo import SLO, find_max_qps
+from sim.des.slo_runs import default_workers
 from sim.parallel import cli as deployment
 from sim.policies import variants
 
@@ -253,7 +254,8 @@ def _search(cfg: ServeConfig, slo: SLO, args, requested: int | None) -> int:
     if cfg.arrivals not in ARRIVAL_KINDS:
         raise cli.UserError("--find-max-qps varies the request rate: use --arrivals poisson or gamma")
     try:
-        found = find_max_qps(cfg, slo, requests=requested)
+        # the rates on both cores (the answer is the serial search's, sim.des.slo_runs)
+        found = find_max_qps(cfg, slo, requests=requested, workers=default_workers())
     except FieldError as exc:
         raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
     if args.json:

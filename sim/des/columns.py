@@ -67,13 +67,25 @@ class RunLengths:
         n = len(values)
         if not n:
             return
-        if n == 1 or values[0] == values[-1] and (values == values[0]).all():
-            starts, counts = np.zeros(1, dtype=np.int64), np.array([n])
-        else:
-            starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-            counts = np.diff(np.append(starts, n))
+        breaks = np.flatnonzero(values[1:] != values[:-1]) if n > 1 else ()
+        first = values[0]
         # a run continuing the previous step's last one stays one run (the order is what matters)
-        if self.runs and values[0] == self._values[self.runs - 1]:
+        merge = self.runs and first == self._values[self.runs - 1]
+        if not len(breaks):         # the common step: every gap the same
+            if merge:
+                self._counts[self.runs - 1] += n
+            else:
+                self._reserve(1)
+                self._values[self.runs] = first
+                self._counts[self.runs] = n
+                self.runs += 1
+            self.size += n
+            return
+        starts = np.empty(len(breaks) + 1, dtype=np.int64)
+        starts[0] = 0
+        starts[1:] = breaks + 1
+        counts = np.diff(starts, append=n)
+        if merge:
             self._counts[self.runs - 1] += counts[0]
             starts, counts = starts[1:], counts[1:]
         k = len(starts)

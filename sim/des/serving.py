@@ -223,12 +223,7 @@ def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None, per_reque
         max_batch=cfg.max_batch, chunked_prefill=cfg.chunked_prefill,
         max_step_tokens=None if cfg.chunked_prefill else step_tokens,
         admission=cfg.admission, watermark=cfg.watermark))
-    timer_kw = dict(policy=cfg.policy, cache_ratio=cfg.cache_ratio, recent_ratio=cfg.recent_ratio,
-                    weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, profile=profile)
-    timer = (ParallelTimer(setup.hw, setup.model, tp=cfg.tp, pp=cfg.pp, **timer_kw) if parallel
-             else AnalyticTimer(setup.hw, setup.model, **timer_kw))
-    if cfg.step_grid is not None:
-        timer = GridDecodeTimer(timer, cfg.step_grid)
+    timer = _timer(setup, cfg, profile, parallel)
     log = RequestLog(per_request) if per_request else None
     sim = ServingSimulation(sched, timer, progress=progress, stop=stop, after_step=log and log.after_step,
                             progress_desc=f"serve {setup.model.name} {cfg.policy} on {setup.hw.name}")
@@ -250,6 +245,33 @@ def run_config(cfg: ServeConfig, *, progress: bool = False, stop=None, per_reque
         config["replay"] = workload.notes
     return build_result(sched, timeline, config=config, weight_bytes=budget.weight_bytes,
                         workspace_bytes=budget.workspace_bytes, wall_s=wall)
+
+
+# Step timers of recent configurations: their memos (prefill steps, grid cells) are pure functions of the step,
+# so runs of one configuration at other rates or lengths (the SLO search) reuse them exactly.
+_TIMERS: dict = {}
+MAX_TIMERS = 8
+
+
+def _timer(setup, cfg: ServeConfig, profile: str, parallel: bool):
+    timer_kw = dict(policy=cfg.policy, cache_ratio=cfg.cache_ratio, recent_ratio=cfg.recent_ratio,
+                    weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, profile=profile)
+    key = (setup.hw, setup.model, cfg.tp, cfg.pp, cfg.step_grid, tuple(sorted(timer_kw.items())))
+    try:
+        hit = _TIMERS.get(key)
+    except TypeError:       # an unhashable device or model object: no reuse
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    timer = (ParallelTimer(setup.hw, setup.model, tp=cfg.tp, pp=cfg.pp, **timer_kw) if parallel
+             else AnalyticTimer(setup.hw, setup.model, **timer_kw))
+    if cfg.step_grid is not None:
+        timer = GridDecodeTimer(timer, cfg.step_grid)
+    if key is not None:
+        if len(_TIMERS) >= MAX_TIMERS:
+            _TIMERS.pop(next(iter(_TIMERS)))
+        _TIMERS[key] = timer
+    return timer
 
 
 def simulate(hw, model, policy: str = "full", cache_ratio: float = 1.0, *, progress: bool = False,
