@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
                           "--slo-* limits at steady state (warm-up excluded, run length doubled until the answer "
                           "is stable within 5%%); --qps is then not used and --requests sets the measured "
                           "requests of its first runs (default 200)")
+    slo.add_argument("--slo-converge", type=float, default=None, metavar="TOL",
+                     help="--find-max-qps: one run per rate, stopped once its P99s move by at most TOL (e.g. "
+                          "0.05) when its measured requests double (up to 3,200), instead of rerunning the "
+                          "bracket at doubled lengths (sim.des.slo_converge)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", default=None, metavar="CSV",
                    help="write the per-step timeline (memory over time); its folder must exist")
@@ -203,8 +207,8 @@ def _main(argv=None) -> int:
     slo = _slo(args)
     if args.find_max_qps:
         return _search(cfg, slo, args, requested)
-    if slo.given:
-        raise cli.UserError("--slo-ttft-p99 / --slo-tpot-p99 set the limits of --find-max-qps: add it")
+    if slo.given or args.slo_converge is not None:
+        raise cli.UserError("--slo-ttft-p99 / --slo-tpot-p99 / --slo-converge set the limits of --find-max-qps: add it")
     try:
         # the bar goes to stderr, never into --json; the per-request CSV is written as requests finish
         res = run_config(cfg, progress=not args.no_progress, per_request=args.per_request)
@@ -251,11 +255,13 @@ def _search(cfg: ServeConfig, slo: SLO, args, requested: int | None) -> int:
     report at the rate found."""
     if not slo.given:
         raise cli.UserError("--find-max-qps needs --slo-ttft-p99 and/or --slo-tpot-p99")
+    if args.slo_converge is not None and not 0 < args.slo_converge < 1:
+        raise cli.UserError(f"--slo-converge must be in (0, 1), got {args.slo_converge:g}")
     if cfg.arrivals not in ARRIVAL_KINDS:
         raise cli.UserError("--find-max-qps varies the request rate: use --arrivals poisson or gamma")
     try:
         # the rates on both cores (the answer is the serial search's, sim.des.slo_runs)
-        found = find_max_qps(cfg, slo, requests=requested, workers=default_workers())
+        found = find_max_qps(cfg, slo, requests=requested, workers=default_workers(), converge=args.slo_converge)
     except FieldError as exc:
         raise exc.for_flag(flag_of(ServeConfig, exc.field)) from None
     if args.json:
@@ -268,8 +274,12 @@ def _search(cfg: ServeConfig, slo: SLO, args, requested: int | None) -> int:
     for p in found.probes:
         lines.append(f"{p.qps:>12.4g}{p.requests:>10d}{cli.duration(p.ttft_p99):>12s}{cli.duration(p.tpot_p99):>12s}  "
                      + ("yes" if p.ok else f"no ({p.problem})"))
-    settled = (f"stable: the same bracket at {found.requests // 2} and {found.requests} measured requests"
-               if found.stable else f"not shown stable at {found.requests} measured requests")
+    if args.slo_converge is not None:
+        settled = (f"converged: both ends of the bracket, within {found.requests} measured requests" if found.stable
+                   else f"not converged at both ends within {found.requests} measured requests")
+    else:
+        settled = (f"stable: the same bracket at {found.requests // 2} and {found.requests} measured requests"
+                   if found.stable else f"not shown stable at {found.requests} measured requests")
     lines += ["", f"max qps meeting the SLO: {found.max_qps:.4g} req/s ({found.runs} simulations; {settled}; "
                   f"bound: {found.reason})"]
     if found.at_max is not None:

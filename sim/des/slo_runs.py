@@ -36,6 +36,18 @@ def measure(cfg, slo, qps: float, count: int, warmup_s: float, life: float, tail
     return measured.probe(qps, res), res
 
 
+def converge_measure(cfg, slo, qps: float, n0: int, max_requests: int, warmup_s: float, life: float,
+                     tail_lives: float, tol: float):
+    """One run at `qps` measured until its P99s converge (sim.des.slo_converge): (Probe, ServeResult, converged)."""
+    from sim.des.serving import run_config
+    from sim.des.slo_converge import Converging
+    warm = int(math.ceil(qps * warmup_s))
+    tail = int(math.ceil(qps * tail_lives * life)) + 1 if math.isfinite(life) else max_requests
+    stop = Converging(warm, n0, max_requests, slo, tol)
+    res = run_config(replace(cfg, qps=qps, requests=warm + max_requests + tail), stop=stop)
+    return stop.probe(qps), res, stop.converged
+
+
 def default_workers() -> int:
     """Both cores of a two-core machine (at most 2: a bisection has little to run ahead), one inside a worker
     process of something else (a daemon process cannot start its own)."""
