@@ -3,17 +3,17 @@ worker processes.
 
 With workers, the search names the runs it needs now and the ones it may need next (`want`: the next rate of
 a bisection either way, the next of an expansion, the second rate of a bracket check); they start on free
-workers, and a guess the search has moved past is stopped. A run's result depends only on its configuration, rate and length (seeded arrivals, pure step
-times), never on which process ran it or when, and the search reads results in the order it asks for them,
-so its answer, probes and their order are the serial search's; a guess it never asks for costs worker
-time, not the wait for a run it needs.
+workers, and a guess the search has moved past is stopped. A run's result depends only on its
+configuration, rate and length (seeded arrivals, pure step times), never on which process ran it or when,
+and the search reads results in the order it asks for them, so its answer, probes and their order are the
+serial search's; a guess it never asks for costs worker time, not the wait for a run it needs.
 """
 from __future__ import annotations
 
 import math
 import multiprocessing
-from multiprocessing.connection import wait
 from dataclasses import replace
+from multiprocessing.connection import wait
 
 
 def burst(cfg, slo, count: int):
@@ -49,9 +49,9 @@ def converge_measure(cfg, slo, qps: float, n0: int, max_requests: int, warmup_s:
 
 
 def default_workers() -> int:
-    """Both cores of a two-core machine (at most 2: a bisection has little to run ahead), one inside a worker
-    process of something else (a daemon process cannot start its own)."""
-    if multiprocessing.current_process().daemon:
+    """Both cores of a two-core machine (at most 2: a bisection has little to run ahead); one inside a worker
+    process of something else (a daemon process cannot start its own) or where processes cannot fork."""
+    if multiprocessing.current_process().daemon or "fork" not in multiprocessing.get_all_start_methods():
         return 1
     return max(1, min(2, multiprocessing.cpu_count()))
 
@@ -71,8 +71,10 @@ class Runs:
     stopped, so guesses never hold a worker the search needs. One worker: each run in this process."""
 
     def __init__(self, workers: int = 1):
-        self.workers = max(1, int(workers))
-        self._ctx = multiprocessing.get_context("fork")   # the children inherit the loaded models and devices
+        can_fork = "fork" in multiprocessing.get_all_start_methods()
+        self.workers = max(1, int(workers)) if can_fork else 1
+        # fork: the children inherit the loaded models, devices and step-time memos
+        self._ctx = multiprocessing.get_context("fork") if can_fork else None
         self._running: dict = {}           # key -> (process, connection)
         self._results: dict = {}           # key -> (ok, value) of finished runs not yet taken
 
