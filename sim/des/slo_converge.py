@@ -20,9 +20,7 @@ import math
 import numpy as np
 
 from sim.des.scheduler import DONE, DROPPED
-
-CHECK_EVERY = 16          # steps between two looks at an unfinished prefix
-P99 = 0.99
+from sim.des.slo_probe import CHECK_EVERY, P99, Probe
 
 
 class Converging:
@@ -97,8 +95,7 @@ class Converging:
                 return True
         return True
 
-    def probe(self, qps: float):
-        from sim.des.slo import Probe
+    def probe(self, qps: float) -> Probe:
         if not self.history:
             return Probe(qps, math.nan, math.nan, "no measured request finished", 0)
         n, ttft, tpot, problem, _ = self.history[-1]

@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 def burst(cfg, slo, count: int):
     """Every request at once: (Probe, ServeResult)."""
     from sim.des.serving import run_config
-    from sim.des.slo import Probe
+    from sim.des.slo_probe import Probe
     res = run_config(replace(cfg, qps=math.inf, requests=count))
     return Probe(math.inf, float(res.ttft_s["p99"]), float(res.tpot_s["p99"]), slo.problem(res), count), res
 
@@ -28,7 +28,7 @@ def measure(cfg, slo, qps: float, count: int, warmup_s: float, life: float, tail
     """A steady-state run at `qps`: the warm-up's arrivals unmeasured, then `count` measured requests, with
     arrivals going on `tail_lives` service lives after them; (Probe, ServeResult)."""
     from sim.des.serving import run_config
-    from sim.des.slo import _Measured
+    from sim.des.slo_probe import _Measured
     warm = int(math.ceil(qps * warmup_s))
     tail = int(math.ceil(qps * tail_lives * life)) + 1 if math.isfinite(life) else count
     measured = _Measured(warm, count, slo)
