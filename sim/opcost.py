@@ -106,7 +106,7 @@ def kernel_hosts(ops) -> list | None:
     return hosts
 
 
-def _kernels(hosts):
+def kernels_of(hosts):
     """{host index: [fused op indices]} for the kernels that have ops inside them."""
     kernels = {}
     for i, h in enumerate(hosts):
@@ -141,7 +141,7 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
     t_compute = _own_rates(ops, t_compute, flops, peak)
     if hosts is None:
         hosts = kernel_hosts(ops)
-    kernels = _kernels(hosts) if hosts is not None else {}
+    kernels = kernels_of(hosts) if hosts is not None else {}
     sizes = nbytes
     if kernels:                     # a kernel streams all its ops' bytes: one size on the curve
         sizes = np.array(nbytes, dtype=float, copy=True)
@@ -150,7 +150,7 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
     b_eff = hw.bw_efficiency(np.maximum(sizes, 1.0))
     if factors is not None:
         b_eff = b_eff * factors
-    t_memory = nbytes / (hw.memory_bw * b_eff)      # (memory_bw * b_eff: the operand order of the rule)
+    t_memory = nbytes / (hw.memory_bw * b_eff)
     for h, inside in kernels.items():
         for i in inside:
             t_compute[h] += t_compute[i]

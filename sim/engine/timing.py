@@ -12,7 +12,7 @@ import numpy as np
 
 from sim.engine.setup import Setup
 from sim.op import BYTE_FIELDS, FIELDS, Op
-from sim.opcost import kernel_hosts, op_costs
+from sim.opcost import kernel_hosts, kernels_of, op_costs
 
 
 def streams_weights(op: Op) -> bool:
@@ -123,12 +123,10 @@ def node_partition(ops: list[Op], shapes: list[tuple] | None = None) -> list[int
     if all(small):
         return None
     hosts = kernel_hosts(ops)
-    if hosts is not None:                  # a kernel with any large op is large, host and inside alike
-        for i, h in enumerate(hosts):
-            if not (small[i] and small[h]):
-                small[i] = small[h] = False
-        for i, h in enumerate(hosts):      # a host marked large after its first fused op was checked
-            if not small[h]:
+    for host, inside in (kernels_of(hosts) if hosts is not None else {}).items():
+        kernel = [host, *inside]           # a kernel with any large op is large, host and inside alike
+        if not all(small[i] for i in kernel):
+            for i in kernel:
                 small[i] = False
     picked = [i for i, is_small in enumerate(small) if is_small]
     if not picked or math.prod(np.broadcast_shapes(*{shapes[i] for i in picked})) >= full:
@@ -166,7 +164,8 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=
     if small is None:
         per_op, t_compute, t_memory, fields = _timed_part(s, ops, layer_slots, keep)
     else:
-        large = [i for i in range(len(ops)) if i not in set(small)]
+        chosen = set(small)
+        large = [i for i in range(len(ops)) if i not in chosen]
         ndim = len(np.broadcast_shapes(*(shapes[i] for i in large)))
         big = _timed_part(s, [ops[i] for i in large], layer_slots, keep)
         little = _timed_part(s, [ops[i] for i in small], layer_slots, keep, ndim)
@@ -181,6 +180,10 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=
     if layer_slots > 1:   # collapse the layer axis: totals over the step
         per_op, t_compute, t_memory = per_op.sum(-1), t_compute.sum(-1), t_memory.sum(-1)
         fields = {f: v.sum(-1) for f, v in fields.items()}
+    return _timed_ops(s, ops, per_op, t_compute, t_memory, fields)
+
+
+def _timed_ops(s: Setup, ops: list[Op], per_op, t_compute, t_memory, fields) -> TimedOps:
     return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s,
                     [op.fused_into for op in ops])
 
@@ -202,9 +205,8 @@ def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[TimedOps]
     for table in tables:
         rows = slice(start, start + len(table))
         start = rows.stop
-        out.append(TimedOps([op.name for op in table], {f: v[rows] for f, v in fields.items()}, t_compute[rows],
-                            t_memory[rows], per_op[rows], per_op[rows].sum(0) + s.host_s,
-                            [op.fused_into for op in table]))
+        out.append(_timed_ops(s, table, per_op[rows], t_compute[rows], t_memory[rows],
+                              {f: v[rows] for f, v in fields.items()}))
     return out
 
 

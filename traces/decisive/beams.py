@@ -32,10 +32,14 @@ RATIOS = (0.2, 0.3, 0.5)
 SHARDS = "shards"
 
 
+def ratios_for(spec, ratios) -> tuple:
+    """The full cache has one setting, 1.0 (as in traces.capture); the others run at every ratio."""
+    return (1.0,) if spec.name == "full" else tuple(ratios)
+
+
 def planned_runs(specs, ratios, samples) -> list[tuple]:
-    """(spec, ratio, sample) in a fixed order: full once at 1.0, the others at every ratio."""
-    return [(spec, ratio, sample) for spec in specs for ratio in ((1.0,) if spec.name == "full" else ratios)
-            for sample in samples]
+    """(spec, ratio, sample) in a fixed order."""
+    return [(spec, ratio, sample) for spec in specs for ratio in ratios_for(spec, ratios) for sample in samples]
 
 
 def shard_path(out: Path, spec, ratio: float, sample_id: str) -> Path:
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     from traces.models import load_model
 
     for spec in specs:                       # bad names or parameters fail before the data and the model load
-        for ratio in ((1.0,) if spec.name == "full" else ratios):
+        for ratio in ratios_for(spec, ratios):
             make_policy(spec, ratio, None, a.max_new_tokens, a.seed)
     info = dataset_info(a.dataset)
     samples = load_samples(a.dataset, a.n, a.seed)
