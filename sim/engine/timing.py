@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.engine.scalar import scalar_step_seconds
 from sim.engine.setup import Setup
 from sim.op import BYTE_FIELDS, FIELDS, Op
 from sim.opcost import kernel_hosts, kernels_of, op_costs
@@ -212,7 +213,14 @@ def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[TimedOps]
 
 def step_time_scalar(s: Setup, ops: list[Op], host: bool = True) -> float:
     """time_ops(...).step_time for scalar ops by the same formula (kernel_seconds) on 1-D arrays: the DES
-    hot path gathers a dozen ops' numbers without the broadcasting machinery."""
+    hot path gathers a dozen ops' numbers without the broadcasting machinery; on Python floats where
+    sim.engine.scalar covers the case (the same result bit for bit)."""
+    fast = scalar_step_seconds(s, ops, host)
+    return numpy_step_time(s, ops, host) if fast is None else fast
+
+
+def numpy_step_time(s: Setup, ops: list[Op], host: bool = True) -> float:
+    """step_time_scalar through kernel_seconds' numpy arrays (any device, any op fields)."""
     flops = np.array([float(op.flops) for op in ops])
     nbytes = np.array([float(op.weight_bytes + op.act_bytes + op.kv_read_bytes + op.kv_write_bytes) for op in ops])
     _tc, _tm, per_occurrence = kernel_seconds(s, ops, flops, nbytes)

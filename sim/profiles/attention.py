@@ -48,7 +48,7 @@ def reread(family: str, group: float, v: dict) -> float:
 
 def stream_eff(family: str, kernel_bytes, peak_bw: float, v: dict):
     """Fraction of peak bandwidth the kernel streams K/V at, for `kernel_bytes` bytes of K and V."""
-    b = np.maximum(np.asarray(kernel_bytes, float), 1.0)
+    b = max(kernel_bytes, 1.0) if isinstance(kernel_bytes, float) else np.maximum(np.asarray(kernel_bytes, float), 1.0)
     return v[BW_TERM[family]] * b / (b + v["attn_latency_s"] * peak_bw)
 
 
@@ -66,7 +66,13 @@ def fp8_kv_factor(hw, v: dict, family: str, group: float, tensor_core_rate: floa
 
 def compute_eff(family: str, group: float, v: dict, fp32: float, act_peak, kv_1byte, fp8_factor):
     """Op.compute_eff of the attention ops (a fraction of the activation dtype's peak), or None for the
-    tensor-core family over a 16-bit cache (the device's own GEMM curve; NaN at the 16-bit points of a mix)."""
+    tensor-core family over a 16-bit cache (the device's own GEMM curve; NaN at the 16-bit points of a mix).
+    A bool `kv_1byte` (one point): floats."""
+    if isinstance(kv_1byte, bool):
+        kv = fp8_factor if kv_1byte else 1.0
+        if family == "tensor-core":
+            return min(kv, 1.0) if kv_1byte else None
+        return min(v[CORE_TERM[family]] * (group if family == "cuda-core" else 1.0) * kv * fp32 / act_peak, 1.0)
     kv = np.where(kv_1byte, fp8_factor, 1.0)
     if family == "tensor-core":
         if not np.any(kv_1byte):

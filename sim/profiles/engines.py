@@ -211,16 +211,23 @@ def _attention_rates(ctx, v: dict, family: str, kv_1byte):
     peak_bw = float(hw.memory_bw)
     # the kernel's bytes as the engine sizes it (sim.opcost: the host op and the ops fused into it): K and V,
     # plus the queries, outputs and new K/V it reads and writes, so the time is monotone in the cache
-    kernel_bytes = np.maximum(2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
-                              + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads),
-                              1.0)
+    kernel_bytes = (2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
+                    + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads))
     # the family's streaming efficiency in place of the device curve: bw_scale = eff / device eff, so the
-    # op streams at eff of peak (at most 1: the bandwidth floor holds)
-    eff = np.minimum(attn.stream_eff(family, kernel_bytes, peak_bw, v), 1.0)
-    device_eff = np.asarray(hw.bw_efficiency(np.atleast_1d(kernel_bytes)), float).reshape(np.shape(kernel_bytes))
+    # op streams at eff of peak (at most 1: the bandwidth floor holds). One point (the DES's step): the same
+    # operations on floats, without numpy's per-call cost
+    if isinstance(kernel_bytes, float):
+        kernel_bytes = max(kernel_bytes, 1.0)
+        eff = min(attn.stream_eff(family, kernel_bytes, peak_bw, v), 1.0)
+        device_eff = float(hw.bw_efficiency(kernel_bytes))
+    else:
+        kernel_bytes = np.maximum(kernel_bytes, 1.0)
+        eff = np.minimum(attn.stream_eff(family, kernel_bytes, peak_bw, v), 1.0)
+        device_eff = np.asarray(hw.bw_efficiency(np.atleast_1d(kernel_bytes)), float).reshape(np.shape(kernel_bytes))
     bw_scale = eff / device_eff / attn.reread(family, group, v)
     fp32, bf16 = float(hw.peak_flops("fp32")), float(hw.peak_flops("bf16"))
-    factor = attn.fp8_kv_factor(hw, v, family, group, bf16, fp32) if np.any(kv_1byte) else 1.0
+    fp8 = kv_1byte if isinstance(kv_1byte, bool) else np.any(kv_1byte)
+    factor = attn.fp8_kv_factor(hw, v, family, group, bf16, fp32) if fp8 else 1.0
     return bw_scale, attn.compute_eff(family, group, v, fp32, _act_peak(hw, ctx.ab), kv_1byte, factor)
 
 
