@@ -12,11 +12,10 @@ after one tiny warm-up run that loads the modules) and the bytes per request abo
 run's headline metrics. Llama-3-8B on an H100, full attention, every request at t = 0 (the saturated
 server: the largest batches, the fewest steps per request) unless --qps says otherwise.
 
-Measured on the 2-core development VM (2026-12-02, background jobs paused): --step-grid 64, 1,000,000
-requests: 170 s, 631 MiB peak RSS, 509 bytes/request (1.2 M steps, 134 us/step); every step exact, 300,000
-requests: 122 s, 290 MiB, 502 bytes/request (331 us/step, about 400 s at a million: the exact decode-step
-time of sim.engine is about 200 us of it). Before issue 29: 100,000 requests exact, 53 s, 1,794 MiB,
-17,231 bytes/request.
+Measured on the 2-core development VM (2026-12-02, background jobs paused; docs/performance.md has the
+table): every step exact, 1,000,000 requests: 194 s, 588 MiB peak RSS, 501 bytes/request (1.2 M steps,
+158 us/step; the float step time of sim.engine.scalar, 1.64x the numpy path's in one run); --step-grid 64:
+139 s. Before issue 29: 100,000 requests exact, 53 s, 1,794 MiB, 17,231 bytes/request (another host).
 """
 from __future__ import annotations
 
