@@ -33,6 +33,16 @@ def test_beam_subset_writes_every_run_and_resumes(tmp_path, tiny_dataset, capsys
     assert shard.read_text() == before and json.loads(before)["policy"] == "h2o"
 
 
+def test_parts_split_the_runs_and_the_last_writes_the_report(tmp_path, tiny_dataset, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "beam"
+    assert beams.main(_argv(out, tiny_dataset, "--part", "1/2")) == 0
+    assert len(list((out / beams.SHARDS).glob("*.json"))) == 3 and not (out / "report.md").exists()
+    assert "3 runs of other parts still missing" in capsys.readouterr().err
+    assert beams.main(_argv(out, tiny_dataset, "--part", "2/2")) == 0
+    assert len(pd.read_csv(out / "beams.csv")) == 6 and (out / "report.md").exists()
+
+
 def test_beam_noise_is_the_released_codes_four_draw_sum(tmp_path, tiny_dataset):
     pytest.importorskip("torch")
     out = tmp_path / "beam"
@@ -45,6 +55,8 @@ def test_beam_noise_is_the_released_codes_four_draw_sum(tmp_path, tiny_dataset):
     (["--policies", "full,keyformer"], "needs full, h2o"),
     (["--cache-ratios", "0,0.5"], "cache-ratios"),
     (["--policies", "full,h2o,keyformer:nonsense=1"], "nonsense"),
+    (["--part", "3/2"], "--part"),
+    (["--part", "half"], "--part"),
 ])
 def test_bad_flags_are_one_line_errors(tmp_path, tiny_dataset, capsys, flags, message):
     from kvcommon.cli import run

@@ -42,6 +42,17 @@ def planned_runs(specs, ratios, samples) -> list[tuple]:
     return [(spec, ratio, sample) for spec in specs for ratio in ratios_for(spec, ratios) for sample in samples]
 
 
+def parse_part(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--part must be K/N (e.g. 1/2), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--part K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
 def shard_path(out: Path, spec, ratio: float, sample_id: str) -> Path:
     from traces.capture import store
 
@@ -118,7 +129,14 @@ def main(argv=None) -> int:
     p.add_argument("--cache-ratios", default=",".join(f"{r:g}" for r in RATIOS), help="default 0.2,0.3,0.5")
     p.add_argument("--seed", type=int, default=0, help="noise seed (default 0, the capture's)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--part", default="1/1", metavar="K/N",
+                   help="run only every N-th planned run, starting at the K-th (one worker per core: run K = 1..N "
+                        "at once on one --out); the part that finds every run done writes the report")
     a = p.parse_args(argv)
+    try:
+        part, parts = parse_part(a.part)
+    except ValueError as exc:
+        p.error(str(exc))
     from kvcommon.variants import split_variants
     from traces.capture.spec import PolicySpec
     try:
@@ -153,7 +171,8 @@ def main(argv=None) -> int:
     prompts = {s.id: prompt_ids(lm, s, info, a.max_prompt_tokens) for s in samples}
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
     runs = planned_runs(specs, ratios, samples)
-    todo = [run_ for run_ in runs if not shard_path(out, *run_[:2], run_[2].id).exists()]
+    todo = [run_ for index, run_ in enumerate(runs)
+            if index % parts == part - 1 and not shard_path(out, *run_[:2], run_[2].id).exists()]
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=f"beam-{a.beams} {lm.name}",
                disable=progress_disabled(None), file=sys.stderr)
     for spec, ratio, sample in todo:
@@ -163,6 +182,11 @@ def main(argv=None) -> int:
         atomic_write_text(shard_path(out, spec, ratio, sample.id), json.dumps(row))
         bar.update(1)
     bar.close()
+    missing = sum(not shard_path(out, spec, ratio, sample.id).exists() for spec, ratio, sample in runs)
+    if missing:     # other parts still running: the last to finish writes the report
+        print(f"{out}: part {part}/{parts} done; {missing} runs of other parts still missing, no report yet",
+              file=sys.stderr)
+        return 0
     rows = [json.loads(shard_path(out, spec, ratio, sample.id).read_text()) for spec, ratio, sample in runs]
     frame = score(out, rows, {s.id: s.reference for s in samples})
     text = report(frame, ratios, official, h2o)
