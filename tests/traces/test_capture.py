@@ -192,12 +192,20 @@ def test_text_rows_record_the_rules_each_run_used(tiny_trace_dir):
 def test_bundled_traces_say_they_ran_under_the_first_rules():
     """Trace folders captured before issue 26 carry rules_version 1 and, where a label's meaning moved, the
     rule they used: pyramidkv/adakv as the H2O-allocation variant (scoring=h2o), SnapKV's pooling over the
-    window, Keyformer's per-prefill reseeding and official-mode rounding."""
+    window, Keyformer's per-prefill reseeding and official-mode rounding. The pre-registered experiment's
+    traces (smollm2-135m/decisive-*) ran under the second rules and say so."""
     from kvcommon.variants import PolicyVariant
 
+    second = 0
     for folder in traces.bundled():
         manifest = json.loads((traces.catalog().trace(folder) / "manifest.json").read_text())
         policy = manifest["policy"]
+        if "/decisive-" in folder:
+            assert policy.get("rules_version") == 2, folder
+            assert all(v["rules"]["rules_version"] == 2 for label, v in policy["variants"].items()
+                       if PolicyVariant.from_label(label).name == "keyformer"), folder
+            second += 1
+            continue
         assert policy.get("rules_version") == 1, folder
         for label, variant in policy["variants"].items():
             name = PolicyVariant.from_label(label).name
@@ -205,3 +213,4 @@ def test_bundled_traces_say_they_ran_under_the_first_rules():
                 assert variant["params"]["scoring"] == "h2o", (folder, label)
             if name in ("keyformer", "snapkv"):
                 assert variant["rules"], (folder, label)
+    assert second == 2

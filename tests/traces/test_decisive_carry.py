@@ -32,7 +32,7 @@ def test_carry_out_then_in(tmp_path):
     _shard(shards, ".keyformer__r0.3000__a.tmp")                    # half-written: must not travel
     (out / "cnndm" / "capture.json").write_text('{"n": 1}')
     done = _run("carry-out", out, carry)
-    assert done.returncode == 0 and "1 finished runs" in done.stderr and carry.exists()
+    assert done.returncode == 0 and "1 finished capture runs" in done.stderr and carry.exists()
 
     fresh = tmp_path / "fresh"
     assert _run("carry-in", fresh, carry).returncode == 0
@@ -49,6 +49,30 @@ def test_carry_out_then_in(tmp_path):
     (finished / "cnndm" / "manifest.json").write_text("{}")                # a finished capture: left alone
     assert _run("carry-in", finished, carry).returncode == 0
     assert not (finished / "cnndm" / "shards").exists()
+
+
+@pytest.mark.skipif(shutil.which("xz") is None or shutil.which("tar") is None, reason="needs tar and xz")
+def test_beam_shards_travel_too(tmp_path):
+    out, carry = tmp_path / "out", tmp_path / "carry.tar.xz"
+    beams = out / "beam4" / "shards"
+    beams.mkdir(parents=True)
+    (beams / "full__r1.0000__a.json").write_text('{"b": 1}')
+    (beams / "h2o__r0.3000__a.json.tmp.json").write_text("half")             # half-written: must not travel
+    _shard(out / "xsum-tf" / "shards", "full__r1.0000__a")
+    (out / "xsum-tf" / "capture.json").write_text('{"n": 1}')
+    done = _run("carry-out", out, carry)
+    assert done.returncode == 0 and "1 finished capture runs, 1 beam runs" in done.stderr
+
+    fresh = tmp_path / "fresh"
+    assert _run("carry-in", fresh, carry).returncode == 0
+    assert (fresh / "beam4" / "shards" / "full__r1.0000__a.json").read_text() == '{"b": 1}'
+    assert not (fresh / "beam4" / "shards" / "h2o__r0.3000__a.json.tmp.json").exists()
+
+    finished = tmp_path / "finished"
+    (finished / "beam4").mkdir(parents=True)
+    (finished / "beam4" / "report.md").write_text("done")                  # a finished subset: left alone
+    assert _run("carry-in", finished, carry).returncode == 0
+    assert not (finished / "beam4" / "shards").exists()
 
 
 def test_carry_out_without_shards_and_unknown_targets_are_one_line_errors(tmp_path):

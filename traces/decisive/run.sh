@@ -7,7 +7,8 @@
 # The captures take longer than one session of this project's VM: `carry-out` packs the finished shards
 # into traces/decisive/carry.tar.xz (about 1 MB per 2,000 runs; tracked, so the next checkout has them) and
 # every capture target first unpacks it (`carry-in`: shards already in $OUT are kept).
-# Usage: bash traces/decisive/run.sh [cnndm|xsum|analysis|all|carry-in|carry-out] (default all: both
+# The beam-4 subset (traces.decisive.beams) runs after them as two workers on one folder: `beams`.
+# Usage: bash traces/decisive/run.sh [cnndm|xsum|analysis|all|beams|carry-in|carry-out] (default all: both
 #   captures at once, then the analysis). OUT=folder (default results/decisive), CARRY=archive (default
 #   traces/decisive/carry.tar.xz).
 set -euo pipefail
@@ -29,6 +30,7 @@ carry_in() {  # the carried shards into $OUT, keeping any already there; not int
   for d in cnndm xsum-tf; do
     [[ -f "$OUT/$d/manifest.json" ]] || ! grep -q "^$d/" <<< "$members" || parts+=("$d")
   done
+  [[ -f "$OUT/beam4/report.md" ]] || ! grep -q "^beam4/" <<< "$members" || parts+=("beam4")
   [[ ${#parts[@]} -gt 0 ]] || return 0
   mkdir -p "$OUT"
   tar -xJf "$CARRY" -C "$OUT" --skip-old-files "${parts[@]}"
@@ -36,11 +38,13 @@ carry_in() {  # the carried shards into $OUT, keeping any already there; not int
 carry_out() {  # the finished shards (never a .tmp one) and each capture's settings, packed for the next checkout
   local parts=()
   for d in cnndm xsum-tf; do [[ -d "$OUT/$d/shards" ]] && parts+=("$d/capture.json" "$d/shards"); done
+  [[ -d "$OUT/beam4/shards" ]] && parts+=("beam4/shards")
   [[ ${#parts[@]} -gt 0 ]] || { echo "error: no shards under $OUT to carry" >&2; exit 2; }
-  tar -C "$OUT" --exclude='.*.tmp' --sort=name --mtime='2026-01-01' --owner=0 --group=0 --numeric-owner \
+  tar -C "$OUT" --exclude='.*.tmp' --exclude='*.tmp.*' --sort=name --mtime='2026-01-01' --owner=0 --group=0 --numeric-owner \
     -cf - "${parts[@]}" | xz -6 -T1 > "$CARRY.tmp"
   mv "$CARRY.tmp" "$CARRY"
-  echo "$CARRY: $(tar -tJf "$CARRY" | grep -c '/text.json$') finished runs" >&2
+  echo "$CARRY: $(tar -tJf "$CARRY" | grep -c '/text.json$') finished capture runs," \
+    "$(tar -tJf "$CARRY" | grep -c '^beam4/shards/.*json$') beam runs" >&2
 }
 cnndm() {  # all 100 articles with references, prompts <= 768 tokens, 64 greedy tokens
   $PY -m traces.capture $COMMON --dataset cnndm --n 100 --max-prompt-tokens 768 --max-new-tokens 64 \
@@ -50,6 +54,11 @@ xsum() {  # the first 400 XSum articles (seeded order) whose summary has >= 16 t
   [[ -f "$OUT/xsum400-tf16.jsonl" ]] || $PY -m traces.decisive.subset --n 400 --tokens 16 --out "$OUT/xsum400-tf16.jsonl"
   $PY -m traces.capture $COMMON --dataset "jsonl:$OUT/xsum400-tf16.jsonl" --teacher-forced --n 400 \
     --max-prompt-tokens 512 --max-new-tokens 16 --batch-size 10 --out "$OUT/xsum-tf"
+}
+beams() {  # 50 articles x (full + H2O, Keyformer official at 0.2/0.3/0.5), 4 beams; one worker per core
+  $PY -m traces.decisive.beams --out "$OUT/beam4" --part 1/2 & first=$!
+  $PY -m traces.decisive.beams --out "$OUT/beam4" --part 2/2 & second=$!
+  wait $first; wait $second
 }
 analysis() {
   $PY -m traces.quality "$OUT/cnndm"
@@ -61,8 +70,9 @@ case $what in
   cnndm) carry_in; cnndm ;;
   xsum) carry_in; xsum ;;
   analysis) analysis ;;
+  beams) carry_in; beams ;;
   all) carry_in; cnndm & first=$!; xsum & second=$!; wait $first; wait $second; analysis ;;
   carry-in) carry_in ;;
   carry-out) carry_out ;;
-  *) echo "error: unknown target $what (cnndm, xsum, analysis, all, carry-in or carry-out)" >&2; exit 2 ;;
+  *) echo "error: unknown target $what (cnndm, xsum, analysis, all, beams, carry-in or carry-out)" >&2; exit 2 ;;
 esac
