@@ -18,6 +18,7 @@ import operator
 import numpy as np
 
 from hwmodels.curves import SaturatingCurve
+from hwmodels.device import Device
 from sim.opcost import kernel_hosts, kernels_of
 
 _ARRAY_FIELDS = ("flops", "weight_bytes", "act_bytes", "kv_read_bytes", "kv_write_bytes", "launches", "rows",
@@ -33,6 +34,8 @@ def _saturating(curve: SaturatingCurve, size: float) -> float:
 
 def _device_covered(s) -> bool:
     hw = s.hw
+    if not isinstance(hw, Device):         # a duck-typed device: only the numpy path knows its methods
+        return False
     if type(hw.bw_curve) is not SaturatingCurve or type(hw.compute_curve) is not SaturatingCurve:
         return False
     if hw.tables.gemm_rows_curve is not None or hw.tables.fresh_alloc_curve is not None:
