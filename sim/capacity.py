@@ -51,7 +51,7 @@ def memory(s, rows, kv_tokens, prompt, prefill_rows=None):
         prefill_tokens = np.minimum(prefill_tokens, prof.prefill_chunk_tokens)
     workspace = prefill_tokens * act_per_token + rows * (m.vocab_size * SCORE_BYTES)
     extra = prof.extra_memory_bytes(s, rows, kv_tokens, prompt) if prof.extra_memory_bytes is not None else 0.0
-    return m.n_params() * s.wb + kv + scores + workspace + extra
+    return m.weight_bytes_at(s.wb) + kv + scores + workspace + extra
 
 
 def _largest(mem, cap, shape, upper, knots=()):
@@ -95,7 +95,7 @@ def _batch_bound(s, beams, least_tokens):
     """No batch above this fits: weights + per request at least `least_tokens` of KV and a row of logits."""
     m = s.model
     per_row = least_tokens * (2 * m.n_layers * m.n_kv_heads * m.head_dim) * s.kvb + m.vocab_size * SCORE_BYTES
-    free = float(s.hw.memory_bytes) - m.n_params() * s.wb
+    free = float(s.hw.memory_bytes) - m.weight_bytes_at(s.wb)
     return np.maximum(free, 0.0) / (np.asarray(beams, float) * per_row)
 
 

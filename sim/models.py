@@ -17,6 +17,15 @@ from hwmodels.dtypes import dtype_bytes
 from sim.model_names import MODELS_DIR, list_models, resolve_name  # noqa: F401  (list_models: sim.models' API)
 
 POSITIONAL = ("rope", "alibi", "learned")
+UNQUANTISED_BYTES = 2.0     # a weight-quantised checkpoint's embedding, LM head and norms stay 16-bit
+
+
+def unquantised_bytes(nbytes):
+    """Bytes per parameter of the layers weight quantisation leaves alone (ModelSpec.unquantised_params) when
+    the linear layers take `nbytes`: never below 16 bits. A Python float stays one (the DES's float path)."""
+    if isinstance(nbytes, np.ndarray):
+        return np.maximum(nbytes, UNQUANTISED_BYTES)
+    return max(nbytes, UNQUANTISED_BYTES)
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ class ModelSpec:
         """Weight bytes a forward pass over `tokens` tokens streams: all of a dense model; for a mixture of
         experts, only the experts its tokens are routed to (experts_touched)."""
         unread = self.n_experts - self.experts_touched(tokens)
-        return (self.n_params() - self.n_layers * unread * self.expert_params()) * dtype_bytes(dtype)
+        return self.weight_bytes_at(dtype_bytes(dtype)) - self.n_layers * unread * self.expert_params() * dtype_bytes(dtype)
 
     def embedding_params(self) -> int:
         learned_pos = self.max_positions * self.d_model if self.positional == "learned" and self.max_positions else 0
@@ -139,8 +148,20 @@ class ModelSpec:
         per_layer = self.attn_params_per_layer() + self.mlp_params_per_layer() + 2 * self.d_model  # 2 norms
         return self.n_layers * per_layer + self.embedding_params() + self.lm_head_params() + self.d_model
 
+    def unquantised_params(self) -> int:
+        """Parameters a weight-quantised checkpoint keeps in 16 bits: the embedding, the LM head and the norms.
+        FP8/INT8/INT4 schemes quantise the transformer blocks' linear layers only (TensorRT Model Optimizer's
+        default configs and vLLM's fp8/AWQ/GPTQ methods leave lm_head, embeddings and norms unquantised)."""
+        return self.embedding_params() + self.lm_head_params() + (2 * self.n_layers + 1) * self.d_model
+
+    def weight_bytes_at(self, nbytes):
+        """Bytes of the weights at `nbytes` per quantised parameter (a float or an array): the linear layers at
+        that size, the unquantised_params at 16 bits or more."""
+        held = self.unquantised_params()
+        return (self.n_params() - held) * nbytes + held * unquantised_bytes(nbytes)
+
     def weight_bytes(self, dtype: str = "bf16") -> float:
-        return self.n_params() * dtype_bytes(dtype)
+        return float(self.weight_bytes_at(dtype_bytes(dtype)))
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
         """Bytes of K and V for one token, all layers, one sequence."""

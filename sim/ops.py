@@ -8,6 +8,7 @@ per step. Profiles (sim/profiles/) set kernel launches and may add their own ope
 from __future__ import annotations
 
 from sim import policies
+from sim.models import unquantised_bytes
 from sim.op import BYTE_FIELDS, FIELDS, NORM_FLOPS, SCORE_BYTES, SOFTMAX_FLOPS, Op, OpContext  # noqa: F401 (re-exported)
 from sim.op import adjust as _adjust
 from sim.op import launch_count as _launch
@@ -20,6 +21,7 @@ MOE_LAUNCHES = 4
 def dense_ops(ctx: OpContext) -> list[Op]:
     """Embedding, norms, projections, MLP and LM head: all tokens of the pass go through the weights."""
     m, ab, wb = ctx.model, ctx.ab, ctx.wb
+    hb = unquantised_bytes(wb)          # embedding, norms and LM head: 16-bit in a weight-quantised checkpoint
     d, hd = m.d_model, m.head_dim
     tokens = ctx.rows * ctx.new_tokens
     qkv_w = d * (m.n_heads + 2 * m.n_kv_heads) * hd
@@ -35,8 +37,8 @@ def dense_ops(ctx: OpContext) -> list[Op]:
     logits_rows = ctx.rows                               # fused: logits for the last position only
     in_out = m.weights_in_out                            # Conv1D projections (GPT-2); the LM head is a Linear
     return _adjust(ctx, [
-        Op("embed", False, weight_bytes=tokens * d * wb, act_bytes=tokens * d * ab, launches=_launch(ctx, "embed")),
-        Op("norms", True, flops=2 * NORM_FLOPS * tokens * d, weight_bytes=2 * d * wb,
+        Op("embed", False, weight_bytes=tokens * d * hb, act_bytes=tokens * d * ab, launches=_launch(ctx, "embed")),
+        Op("norms", True, flops=2 * NORM_FLOPS * tokens * d, weight_bytes=2 * d * hb,
            act_bytes=2 * 2 * tokens * d * ab, launches=_launch(ctx, "norms")),
         Op("qkv_proj", True, flops=2 * tokens * qkv_w, weight_bytes=qkv_w * wb,
            act_bytes=tokens * (d + (m.n_heads + 2 * m.n_kv_heads) * hd) * ab, launches=_launch(ctx, "qkv_proj"),
@@ -48,9 +50,9 @@ def dense_ops(ctx: OpContext) -> list[Op]:
            weight_bytes=(touched * expert_w + m.router_params()) * wb,
            act_bytes=tokens * (2 * d + k * (mlp_inner + m.d_ff) + (2 * k * d if m.moe else 0)) * ab,
            launches=_launch(ctx, "mlp") + moe_extra, gemm=True, rows=tokens * k / touched, weights_in_out=in_out),
-        Op("final_norm", False, flops=NORM_FLOPS * tokens * d, weight_bytes=d * wb, act_bytes=2 * tokens * d * ab,
+        Op("final_norm", False, flops=NORM_FLOPS * tokens * d, weight_bytes=d * hb, act_bytes=2 * tokens * d * ab,
            launches=_launch(ctx, "final_norm")),
-        Op("lm_head", False, flops=2 * logits_rows * m.vocab_size * d, weight_bytes=m.vocab_size * d * wb,
+        Op("lm_head", False, flops=2 * logits_rows * m.vocab_size * d, weight_bytes=m.vocab_size * d * hb,
            act_bytes=logits_rows * (d * ab + m.vocab_size * SCORE_BYTES), launches=_launch(ctx, "lm_head"), gemm=True,
            rows=logits_rows),
     ])

@@ -157,7 +157,7 @@ def gemma3_gguf_path() -> Path:
     target = CACHE_DIR / "gemma3-270m-gguf" / package.MODEL_NAME
     if target.exists():
         return target
-    tmp = target.with_name(target.name + ".tmp")
+    tmp = target.with_name(f"{target.name}.tmp.{os.getpid()}")   # per process: two workers may race
     package.assemble(tmp, overwrite=True)  # raises on a sha256 mismatch
     os.replace(tmp, target)
     return target
@@ -190,16 +190,20 @@ def _convert_gguf(gguf: Path, folder: Path, what: str) -> Path:
     kwargs = {"gguf_file": gguf.name, "quantization_config": GgufConfig(dequantize=True)}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
-    # Write to a temporary folder then rename: an interrupted conversion never looks finished.
-    tmp = folder.with_name(folder.name + ".tmp")
+    # Write to a temporary folder then rename: an interrupted conversion never looks finished. The folder is
+    # the process's own: two workers started together both convert, and the first rename wins.
+    import shutil
+    tmp = folder.with_name(f"{folder.name}.tmp.{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     (tmp / "SOURCE.txt").write_text(
         f"Converted from {what} "
         f"in {time.perf_counter() - started:.0f} s by traces.models.\n")
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        shutil.rmtree(tmp)               # another process finished first: keep its folder
+        return folder
     if folder.exists():
-        import shutil
         shutil.rmtree(folder)
     os.replace(tmp, folder)
     return folder

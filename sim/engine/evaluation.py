@@ -49,7 +49,7 @@ def evaluate(hw, model, policy, *, batch, prompt, gen, cache_ratio=1.0, recent_r
     out["tokens_per_s"] = batch * gen / out["e2e_s"]
     m = s.model
     out["kv_bytes_per_token"] = np.broadcast_to(2.0 * m.n_layers * m.n_kv_heads * m.head_dim * s.kvb, batch.shape)
-    out["weight_bytes"] = np.broadcast_to(m.n_params() * s.wb, batch.shape)
+    out["weight_bytes"] = np.broadcast_to(m.weight_bytes_at(s.wb), batch.shape)
     out["peak_kv_tokens"] = peak_tokens
     out["peak_memory_bytes"] = capacity.memory(s, batch * beams, peak_tokens, prompt)
     out["fits"] = out["peak_memory_bytes"] <= float(s.hw.memory_bytes)

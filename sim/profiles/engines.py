@@ -92,10 +92,13 @@ TERMS = (
          "vLLM V1 engine: exposed host time per step"),
     Term("vllm_v1_seq_s", "s", 0.0, 2e-4, 2e-6, "assumption: a few us per sequence left exposed",
          "vLLM V1 engine: exposed host time per running sequence per step"),
-    Term("runtime_reserve_gb", "GB", 0.0, 12.0, 1.0,
-         "assumption: CUDA context, library workspaces and the activation buffers of max_num_tokens tokens take "
-         "about 1 GB outside the KV pool",
-         "device memory the engine holds outside the weights and the KV pool (capacity-limited rows only)"),
+    Term("runtime_reserve_gb", "GB", 0.0, 4.0, 1.0,
+         "assumption: the CUDA context (~0.5 GB) and library workspaces (cuBLAS/cuBLASLt, NCCL, sampling) take "
+         "about 1 GB; bound: a few GB. The buffers that grow with the model (activations of max_num_tokens "
+         "tokens, logits of the largest batch) are derived, not in this term: "
+         "sim.validation.published_gpu.engine_buffers",
+         "device memory the engine holds outside the weights, its model-sized buffers and the KV pool "
+         "(capacity-limited rows only)"),
     Term("attn_prefill_eff", "fraction", 0.3, 1.0, 1.0,
          "fused profile: prefill attention at the device's matmul curve like a weight GEMM",
          "prefill (flash-attention forward) q @ K^T and p @ V reach this fraction of the device's matmul rate "

@@ -88,13 +88,29 @@ def _memory(row: Row) -> tuple[float, float, float]:
             m.kv_bytes_per_token(row.kv_dtype) * kv_replication(m.n_kv_heads, row.tp))
 
 
+def engine_buffers(row: Row) -> float:
+    """Bytes the engine allocates outside the KV pool that grow with the model, per device (derived, not
+    fitted): the activations of one step of MAX_NUM_TOKENS tokens (one layer's residual, normed input, q/k/v
+    and MLP intermediate at 16 bits: sim.capacity.memory's count, TP-sharded) and fp32 logits for the most
+    sequences a step can hold (TensorRT-LLM sizes them by max_batch_size; vLLM's profiling run by
+    max_num_seqs, the row's cap)."""
+    from sim.models import load_model
+    m = load_model(row.model)
+    per_token = 3 * m.d_model + ((m.n_heads + 2 * m.n_kv_heads) * m.head_dim + (2 if m.gated_mlp else 1) * m.d_ff) / row.tp
+    sequences = row.batch if row.batch_kind == "max-seqs" else MAX_BATCH_SIZE
+    return MAX_NUM_TOKENS * per_token * 2.0 + sequences * m.vocab_size * 4.0
+
+
 def _pool_tokens(row: Row, profile=None) -> float:
-    """KV tokens the pool holds: KV_POOL_FRACTION of the memory left after the weights and the engine's own
-    reserve (an engine profile's runtime_reserve_gb per device; none for the others)."""
+    """KV tokens the pool holds. TensorRT-LLM: KV_POOL_FRACTION of the memory free after the weights, the
+    engine's buffers and its fixed reserve (free_gpu_memory_fraction); vLLM: KV_POOL_FRACTION of all memory
+    less the same (gpu_memory_utilization). The reserve is an engine profile's runtime_reserve_gb per device
+    (none for the other profiles)."""
     total, weights, per_token = _memory(row)
     terms = dict(getattr(profile, "terms", None) or ())
-    reserve = row.tp * terms.get("runtime_reserve_gb", 0.0) * 1e9
-    return max(KV_POOL_FRACTION * (total - weights - reserve), 0.0) / per_token
+    held = weights + row.tp * (terms.get("runtime_reserve_gb", 0.0) * 1e9 + engine_buffers(row))
+    free = KV_POOL_FRACTION * total - held if row.engine == "vllm" else KV_POOL_FRACTION * (total - held)
+    return max(free, 0.0) / per_token
 
 
 def steady_state_batch(row: Row, profile=None) -> float:

@@ -473,3 +473,36 @@ def test_loader_reads_tables_as_printed_without_notes(tmp_path):
         engine.predict("h100-sxm", "llama-2-7b", 64, 128, 2048, "full", 1.0, kv_dtype="fp8", weight_dtype="fp8",
                        profile="fused").tpot_s * 1e3, rel=1e-6)
     assert "req_per_s" in rows[1].scope and "out_tok_per_s only" in rows[2].scope
+
+
+def test_kv_pool_leaves_the_model_sized_buffers_and_follows_each_stack(tmp_path):
+    """TensorRT-LLM's pool is a fraction of the memory left free, vLLM's a fraction of all memory; both after
+    the weights (16-bit embedding and LM head in an FP8 checkpoint), the derived buffers and the reserve."""
+    rows = pg.load_rows(write_csv(tmp_path / "p.csv", [
+        _row(batch="dynamic", model="meta-llama/Llama-3.1-70B", stack="TensorRT-LLM v0.14.0"),
+        _row(batch="64 (max_num_seqs)", model="meta-llama/Llama-3.1-70B", stack="vLLM 0.5.4", metric="tpot_ms",
+             value="30"),
+        _row(batch="dynamic", model="meta-llama/Llama-3.1-8B", stack="TensorRT-LLM v0.14.0"),
+    ]))
+    trt, vllm, small = rows
+    assert (trt.engine, vllm.engine) == ("trtllm", "vllm")
+    total, weights, per_token = pg._memory(trt)
+    assert weights > 72e9                       # 70.55B parameters, 2.1B of them held at 16 bits
+    profile = pe.make_profile("trtllm", dict(pe.prior_values(), runtime_reserve_gb=1.5))
+    held = weights + 1.5e9 + pg.engine_buffers(trt)
+    assert pg._pool_tokens(trt, profile) * per_token == pytest.approx(0.9 * (total - held))
+    held_vllm = weights + 1.5e9 + pg.engine_buffers(vllm)
+    assert pg._pool_tokens(vllm, profile) * per_token == pytest.approx(max(0.9 * total - held_vllm, 0.0))
+    # the buffers: activations of max_num_tokens tokens and logits of the largest batch grow with the model;
+    # vLLM sizes its logits by the row's cap, TensorRT-LLM by max_batch_size
+    assert pg.engine_buffers(trt) > pg.engine_buffers(small) > 1e9
+    assert pg.engine_buffers(vllm) < pg.engine_buffers(trt)
+
+
+def test_hf_flash_decode_never_gets_slower_with_less_cache():
+    """The case hypothesis found: with K/V alone sizing the kernel, its fixed latency was charged again per
+    byte of the queries and outputs, and H2O at 0.25 took longer than at 0.5 (hf, FP8, a 64-token prompt)."""
+    kw = dict(batch=13, prompt=64, gen=2, kv_dtype="fp8", weight_dtype="fp8", profile="hf", with_capacity=False)
+    small = engine.evaluate("h100-sxm", "mistral-7b-v0.1", "h2o", cache_ratio=0.25, **kw)["tpot_s"][0]
+    large = engine.evaluate("h100-sxm", "mistral-7b-v0.1", "h2o", cache_ratio=0.5, **kw)["tpot_s"][0]
+    assert small < large

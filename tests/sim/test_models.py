@@ -55,7 +55,18 @@ def test_falcon_kv_heads_follow_the_decoder_architecture(cfg, kv_heads):
 def test_weight_bytes_follow_the_dtype():
     m = load_model("llama-2-7b")
     assert m.weight_bytes("bf16") == 2 * m.n_params()
-    assert m.weight_bytes("int4") == 0.5 * m.n_params()
+    assert m.weight_bytes("fp32") == 4 * m.n_params()
+    # quantised checkpoints keep the embedding, LM head and norms at 16 bits
+    held = m.unquantised_params()
+    assert held == 2 * 32000 * 4096 + (2 * 32 + 1) * 4096
+    assert m.weight_bytes("int4") == 0.5 * (m.n_params() - held) + 2 * held
+    assert m.weight_bytes("fp8") == (m.n_params() - held) + 2 * held
+
+
+def test_tied_embeddings_are_held_once():
+    m = load_model("smollm2-135m")
+    assert m.tied_embeddings and m.lm_head_params() == 0
+    assert m.unquantised_params() == m.vocab_size * m.d_model + (2 * m.n_layers + 1) * m.d_model
 
 
 def test_shipped_configs_are_listed_and_load():
