@@ -63,3 +63,18 @@ def test_bad_flags_are_one_line_errors(tmp_path, tiny_dataset, capsys, flags, me
     assert run(beams.main, _argv(tmp_path / "b", tiny_dataset, *flags)) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+def test_the_committed_beam4_result_is_whole_and_its_report_reads_off_it():
+    """traces/data/smollm2-135m/decisive-beam4: every planned run (50 articles x full + H2O and Keyformer
+    official at 0.2/0.3/0.5), 4 beams, SmolLM2-135M-Instruct; the report's means are the CSV's."""
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[2] / "traces" / "data" / "smollm2-135m" / "decisive-beam4"
+    frame = pd.read_csv(folder / "beams.csv")
+    assert len(frame) == 350 and frame["sample"].nunique() == 50
+    assert (frame["beams"] == 4).all() and set(frame["model"]) == {"smollm2-135m"}
+    counts = frame.groupby(["policy", "cache_ratio"]).size()
+    assert len(counts) == 7 and (counts == 50).all()
+    report = (folder / "report.md").read_text()
+    for (policy, ratio), mean in frame.groupby(["policy", "cache_ratio"])["rouge2"].mean().items():
+        assert f"| {policy} | {ratio:g} | " in report and f" | {mean:.2f} | " in report

@@ -106,7 +106,8 @@ def report(frame, ratios, official_label: str, h2o_label: str) -> str:
     tests = analysis.evaluate({"cnndm-beam4": frame}, comparisons)
     means = frame.groupby(["policy", "cache_ratio"])[["rouge1", "rouge2", "rougeL"]].agg(["mean", "count"])
     lines = ["# Beam-4 subset: Keyformer (official, 4-draw prompt score) vs H2O", "",
-             f"{frame['sample'].nunique()} CNN/DailyMail articles, {int(frame['beams'].iloc[0])} beams, "
+             f"{', '.join(sorted(set(frame['model'])))}: {frame['sample'].nunique()} CNN/DailyMail articles, "
+             f"{int(frame['beams'].iloc[0])} beams, "
              "ROUGE against the GPT-4 references (F-measure x 100). Exploratory: Holm over the ratios, outside the "
              "primary test.", "", "| policy | ratio | ROUGE-1 | ROUGE-2 | ROUGE-L | n |", "|---|---|---|---|---|---|"]
     for (policy, ratio), row in means.iterrows():
