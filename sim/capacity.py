@@ -44,8 +44,7 @@ def memory(s, rows, kv_tokens, prompt, prefill_rows=None):
     # the policy's own state (accumulated scores: one fp32 score per kept token, KV head and layer)
     scores = policies.get(s.policy).state_bytes(m, rows, kv_tokens)
     # one layer's activations live at a time: residual, normed input, q/k/v, MLP intermediate
-    act_per_token = (3 * m.d_model + (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
-                     + (2 if m.gated_mlp else 1) * m.d_ff) * s.ab
+    act_per_token = m.layer_activation_elems() * s.ab
     prefill_tokens = (rows if prefill_rows is None else prefill_rows) * prompt
     if prof.prefill_chunk_tokens is not None:
         prefill_tokens = np.minimum(prefill_tokens, prof.prefill_chunk_tokens)

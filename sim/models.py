@@ -135,7 +135,8 @@ class ModelSpec:
         """Weight bytes a forward pass over `tokens` tokens streams: all of a dense model; for a mixture of
         experts, only the experts its tokens are routed to (experts_touched)."""
         unread = self.n_experts - self.experts_touched(tokens)
-        return self.weight_bytes_at(dtype_bytes(dtype)) - self.n_layers * unread * self.expert_params() * dtype_bytes(dtype)
+        nbytes = dtype_bytes(dtype)
+        return self.weight_bytes_at(nbytes) - self.n_layers * unread * self.expert_params() * nbytes
 
     def embedding_params(self) -> int:
         learned_pos = self.max_positions * self.d_model if self.positional == "learned" and self.max_positions else 0
@@ -162,6 +163,12 @@ class ModelSpec:
 
     def weight_bytes(self, dtype: str = "bf16") -> float:
         return float(self.weight_bytes_at(dtype_bytes(dtype)))
+
+    def layer_activation_elems(self, tp: int = 1):
+        """Elements per token of one layer's activations that live at once: residual, normed input and output
+        (3 d) plus q/k/v and the MLP intermediate, split over a TP group of `tp` devices."""
+        return 3 * self.d_model + ((self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+                                   + (2 if self.gated_mlp else 1) * self.d_ff) / tp
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
         """Bytes of K and V for one token, all layers, one sequence."""

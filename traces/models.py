@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +193,6 @@ def _convert_gguf(gguf: Path, folder: Path, what: str) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
     # Write to a temporary folder then rename: an interrupted conversion never looks finished. The folder is
     # the process's own: two workers started together both convert, and the first rename wins.
-    import shutil
     tmp = folder.with_name(f"{folder.name}.tmp.{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(tmp))

@@ -39,6 +39,14 @@ CORE_TERM = {"per-head": "attn_core_eff", "masked-mha": "attn_mmha_core_eff", "c
              "tensor-core": "attn_core_eff"}
 
 
+def decode_kernel_bytes(ctx):
+    """Bytes one layer's decode-attention kernel moves: K and V, plus the queries, outputs and new K/V it reads
+    and writes (sized so, its fixed latency is paid once and the time is monotone in the cache)."""
+    m = ctx.model
+    return (2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
+            + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads))
+
+
 def reread(family: str, group: float, v: dict) -> float:
     """HBM reads of each K/V element per decode step (1: read once)."""
     if family not in ("per-head", "masked-mha") or group <= 1:

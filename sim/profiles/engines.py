@@ -212,10 +212,8 @@ def _attention_rates(ctx, v: dict, family: str, kv_1byte):
     m, hw = ctx.model, ctx.hw
     group = m.n_heads / m.n_kv_heads
     peak_bw = float(hw.memory_bw)
-    # the kernel's bytes as the engine sizes it (sim.opcost: the host op and the ops fused into it): K and V,
-    # plus the queries, outputs and new K/V it reads and writes, so the time is monotone in the cache
-    kernel_bytes = (2.0 * ctx.rows * m.n_kv_heads * ctx.past_tokens * m.head_dim * ctx.kvb
-                    + 2.0 * ctx.rows * ctx.new_tokens * m.head_dim * ctx.ab * (m.n_heads + m.n_kv_heads))
+    # the kernel's bytes as the engine sizes it (sim.opcost: the host op and the ops fused into it)
+    kernel_bytes = attn.decode_kernel_bytes(ctx)
     # the family's streaming efficiency in place of the device curve: bw_scale = eff / device eff, so the
     # op streams at eff of peak (at most 1: the bandwidth floor holds). One point (the DES's step): the same
     # operations on floats, without numpy's per-call cost

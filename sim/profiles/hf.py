@@ -121,15 +121,13 @@ def _kernel_terms() -> dict:
 
 def flash_decode_bw_scale(ctx: OpContext):
     """Op.bw_scale that makes one layer's decode attention over B bytes of K and V stream at the tensor-core
-    family's efficiency (attention.stream_eff) instead of the device's streaming curve. The kernel's bytes are
-    what the fused op moves, K and V plus the queries, outputs and new K/V (as sim.profiles.engines sizes
-    it): with K and V alone the fixed latency would be charged again per byte of the queries, and a smaller
-    cache could take longer."""
+    family's efficiency (attention.stream_eff) instead of the device's streaming curve. The kernel is sized by
+    every byte the fused op moves (attention.decode_kernel_bytes, as sim.profiles.engines sizes it): with K and
+    V alone the fixed latency would be charged again per byte of the queries, and a smaller cache could take
+    longer."""
     from sim.profiles import attention
-    m, hw = ctx.model, ctx.hw
-    kernel_bytes = np.maximum(kv_bytes(ctx, np.asarray(ctx.past_tokens, float))
-                              + 2.0 * np.asarray(ctx.rows, float) * np.asarray(ctx.new_tokens, float) * m.head_dim
-                              * np.asarray(ctx.ab, float) * (m.n_heads + m.n_kv_heads), 1.0)
+    hw = ctx.hw
+    kernel_bytes = np.maximum(np.asarray(attention.decode_kernel_bytes(ctx), float), 1.0)
     eff = np.minimum(attention.stream_eff("tensor-core", kernel_bytes, float(hw.memory_bw), _kernel_terms()), 1.0)
     scale = eff / np.asarray(hw.bw_efficiency(kernel_bytes), float)
     return scale if np.ndim(scale) else float(scale)

@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim import engine
+from sim.op import SCORE_BYTES
 from sim.profiles import get_profile
 from sim.profiles.engines import Kernels, make_profile
 from sim.validation.published_rows import (BATCH_KINDS, CSV_NAME, CSV_NAMES, COLUMNS, METRICS, REGIMES,  # noqa: F401
@@ -88,17 +89,16 @@ def _memory(row: Row) -> tuple[float, float, float]:
             m.kv_bytes_per_token(row.kv_dtype) * kv_replication(m.n_kv_heads, row.tp))
 
 
+@lru_cache(maxsize=None)
 def engine_buffers(row: Row) -> float:
     """Bytes the engine allocates outside the KV pool that grow with the model, per device (derived, not
-    fitted): the activations of one step of MAX_NUM_TOKENS tokens (one layer's residual, normed input, q/k/v
-    and MLP intermediate at 16 bits: sim.capacity.memory's count, TP-sharded) and fp32 logits for the most
-    sequences a step can hold (TensorRT-LLM sizes them by max_batch_size; vLLM's profiling run by
-    max_num_seqs, the row's cap)."""
+    fitted): the activations of one step of MAX_NUM_TOKENS tokens (ModelSpec.layer_activation_elems, as
+    sim.capacity.memory counts them, TP-sharded, at 16 bits) and fp32 logits for the most sequences a step can
+    hold (TensorRT-LLM sizes them by max_batch_size; vLLM's profiling run by max_num_seqs, the row's cap)."""
     from sim.models import load_model
     m = load_model(row.model)
-    per_token = 3 * m.d_model + ((m.n_heads + 2 * m.n_kv_heads) * m.head_dim + (2 if m.gated_mlp else 1) * m.d_ff) / row.tp
     sequences = row.batch if row.batch_kind == "max-seqs" else MAX_BATCH_SIZE
-    return MAX_NUM_TOKENS * per_token * 2.0 + sequences * m.vocab_size * 4.0
+    return MAX_NUM_TOKENS * m.layer_activation_elems(row.tp) * 2.0 + sequences * m.vocab_size * SCORE_BYTES
 
 
 def _pool_tokens(row: Row, profile=None) -> float:
