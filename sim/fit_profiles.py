@@ -24,6 +24,7 @@ superset of what the engine reads.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -59,6 +60,8 @@ def _z(values: dict) -> np.ndarray:
 
 def row_terms(row) -> frozenset:
     """The terms a row's prediction can depend on (a superset: exactness of the sparse Jacobian)."""
+    if row.baseline is not None:
+        return row_terms(dataclasses.replace(row, baseline=None)) | row_terms(row.baseline)
     names = {"gemm_eff", "attn_prefill_eff"}
     if row.weight_dtype == "fp8" or row.metric == "speedup_fp8_vs_fp16":
         names.add("fp8_gemm_eff")

@@ -65,6 +65,13 @@ def source_families() -> dict:
 
 
 @lru_cache(maxsize=None)
+def ab_pairs() -> dict:
+    """source -> compiled pattern of its A/B pair's baseline stack (sources.yaml `ab_pairs`)."""
+    pairs = _read_yaml(SOURCES_FILE, "source families").get("ab_pairs") or {}
+    return {str(k): re.compile(str(v["baseline"]), re.IGNORECASE) for k, v in pairs.items()}
+
+
+@lru_cache(maxsize=None)
 def dataset_prompts() -> tuple:
     data = _read_yaml(DATASETS_FILE, "dataset lengths")
     return tuple((re.compile(d["match"], re.IGNORECASE), int(d["mean_prompt_tokens"]), d["name"])

@@ -27,6 +27,7 @@ How each batch kind runs (published_rows.batch_of says how cells read):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 
@@ -215,6 +216,8 @@ def predict_row(row: Row, profile) -> float:
     runs it (row_profile) and as it was measured (its batch kind)."""
     if row.scope != "single-device":
         raise ValueError(f"row {row.index} ({row.id}) is out of scope: {row.scope}")
+    if row.baseline is not None:
+        return predict_row(dataclasses.replace(row, baseline=None), profile) / predict_row(row.baseline, profile)
     profile = row_profile(row, profile)
     kind = row.batch_kind
     if kind == "static":

@@ -26,6 +26,7 @@ import hashlib
 import math
 import os
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import pandas as pd
 from hwmodels.skus import resolve_sku
 from kvcommon.dtypes import canonical_dtype, dtype_name
 from sim.model_names import resolve_name
-from sim.validation.published_cells import (DATASETS_FILE, DYNAMIC_BATCH_WORDS, SOURCES_FILE,  # noqa: F401
+from sim.validation.published_cells import (DATASETS_FILE, DYNAMIC_BATCH_WORDS, SOURCES_FILE, ab_pairs,  # noqa: F401
                                             STACKS_FILE, Stack, _dtype, _int, _weight_dtype, batch_of, classify_stack,
                                             dataset_prompts, length_of, regime_of, source_families, stack_rules)
 
@@ -125,12 +126,16 @@ class Row:
     sliding_window_kernel: str | None = None   # ... and for sliding-window models
     family: str = "other"               # source family (sources.yaml), held out together
     csv: str = ""                       # the file's name
+    # an A/B pair's row (sources.yaml ab_pairs): `value` is this row's measurement over the baseline row's,
+    # predicted as the same ratio (published_gpu.predict_row)
+    baseline: "Row | None" = None
 
     @property
     def id(self) -> str:
         b = {"static": f"b{self.batch}", "max-seqs": f"cap{self.batch}", "dynamic": "dyn", "max-static": "bmax",
              "qps": f"qps{self.qps:g}" if self.qps is not None else "qps"}[self.batch_kind]
-        return f"{self.source}/{self.hw}/{self.model}/{b}/{self.prompt}+{self.gen}/{self.metric}"
+        ratio = f"/over-row-{self.baseline.index}" if self.baseline is not None else ""
+        return f"{self.source}/{self.hw}/{self.model}/{b}/{self.prompt}+{self.gen}/{self.metric}{ratio}"
 
 
 def read_data_csv(path, columns, what: str) -> pd.DataFrame:
@@ -176,8 +181,31 @@ def load_rows(path: Path | str | list | tuple | None = None) -> list[Row]:
         paths = [Path(path)]
     rows = []
     for p in paths:
-        rows.extend(_load_one(p))
+        rows.extend(_pair(_load_one(p)))
     return rows
+
+
+def _pair(rows: list[Row]) -> list[Row]:
+    """A/B pairs (sources.yaml ab_pairs) as ratio rows: each in-scope row of the source that is not the
+    baseline, with the baseline's cells but for the stack, becomes its value over the baseline's; the baseline
+    row itself goes out of scope, naming the ratio row."""
+    pairs = ab_pairs()
+    out = list(rows)
+    for source, pattern in pairs.items():
+        mine = [r for r in rows if r.source == source and r.scope == "single-device"]
+        for base in (r for r in mine if pattern.search(r.stack)):
+            same = ("hw", "model", "weight_dtype", "kv_dtype", "tp", "batch", "prompt", "gen", "metric", "batch_kind")
+            partners = [r for r in mine if r is not base and not pattern.search(r.stack)
+                        and all(getattr(r, f) == getattr(base, f) for f in same)]
+            for r in partners:
+                out[out.index(r)] = dataclasses.replace(
+                    r, value=r.value / base.value, baseline=base,
+                    notes=f"A/B pair: {r.value:g} over row {base.index}'s {base.value:g} ({base.stack}); " + r.notes)
+            if partners:
+                out[out.index(base)] = dataclasses.replace(
+                    base, scope=f"the baseline of {source}'s A/B pair: fitted as row "
+                                f"{', '.join(str(r.index) for r in partners)}'s ratio to it (sources.yaml ab_pairs)")
+    return out
 
 
 @dataclass

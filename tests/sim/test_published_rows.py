@@ -3,6 +3,7 @@ source families, and every row of both training CSVs read or named (the data tes
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 
 import pytest
@@ -121,3 +122,27 @@ def test_kernel_rows_read_with_families_and_peaks():
     assert len(rows) == 66
     assert {r.family for r in rows} == {"per-head", "cuda-core", "tensor-core"}
     assert all(r.peak_bw in (3352e9, 1935e9) for r in rows)
+
+
+def test_an_ab_pair_is_fitted_as_its_ratio(tmp_path):
+    """sources.yaml's ab_pairs: TRT_XQA's XQA-on row becomes its value over the XQA-off row (same cells but the
+    stack), predicted as the ratio of the two predictions; the off row goes out of scope naming the ratio row."""
+    from sim.profiles import engines as pe
+    cells = dict(source="TRT_XQA", hw="H200-SXM-141GB", model="meta-llama/Llama-2-70b-hf", batch="192", prompt="128",
+                 gen="64")
+    path = _write(tmp_path / "ab.csv", [
+        dict(cells, stack="TensorRT-LLM v0.8a (preliminary) XQA disabled", value="1227"),
+        dict(cells, stack="TensorRT-LLM v0.8a (preliminary) XQA enabled", value="2941"),
+        dict(cells, source="TRT_F180", stack="TensorRT-LLM v0.7a static", value="2941")])
+    off, on, other = pr.load_rows(path)
+    assert on.baseline == dataclasses.replace(off, scope="single-device") and on.value == pytest.approx(2941 / 1227)
+    assert on.id.endswith("/over-row-1") and "A/B pair" in on.notes
+    assert off.scope.startswith("the baseline of TRT_XQA's A/B pair") and "row 2" in off.scope
+    assert other.baseline is None and other.value == 2941           # another source's row is left as it is
+    prof = pe.make_profile("trtllm", pe.prior_values())
+    level_on = pg.predict_row(dataclasses.replace(on, baseline=None, value=2941.0), prof)
+    level_off = pg.predict_row(on.baseline, prof)
+    assert level_on > level_off                                      # the tensor-core kernel beats masked MHA
+    assert pg.predict_row(on, prof) == pytest.approx(level_on / level_off)
+    with pytest.raises(ValueError, match="out of scope"):
+        pg.predict_row(off, prof)
