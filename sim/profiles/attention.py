@@ -12,16 +12,18 @@ A decode-attention kernel over B bytes of K and V (one layer, all sequences of t
                   step (one request, a short context) reaches a small fraction of the bandwidth.
   reread        per-head kernels on a grouped-query model read each K/V element once per query head of its
                 group: 1 + (g - 1) * (1 - attn_l2_reuse), the re-reads that L2 does not serve; 1 otherwise.
-  compute rate  CUDA-core families (per-head, cuda-core): attn_core_eff of the fp32 peak per query head,
-                times g for the grouped kernel (each K/V element used by the g query heads of its group);
+  compute rate  CUDA-core families: a fraction of the fp32 peak per query head, attn_mmha_core_eff for the
+                FasterTransformer-lineage per-head kernels (per-head, masked-mha), attn_core_eff times g for
+                the grouped kernel (cuda-core: each K/V element used by the g query heads of its group);
                 tensor-core: the device's GEMM rate (never the bound at decode).
                 An FP8 KV cache: on devices with FP8 units the conversion is an instruction
                 (attn_fp8_kv_eff of the rate); without them (A100) it is a software conversion of
                 fp8_kv_sw_ops operations per element read, on the CUDA cores.
 
 Families (the stack -> kernel table is data: sim/engine_profiles/stacks.yaml):
-  per-head     one query head at a time over paged KV (vLLM PagedAttention)
-  masked-mha   the same class, TensorRT-LLM's masked multi-head kernel (its own CUDA-core rate)
+  per-head     one query head at a time over paged KV (vLLM PagedAttention, adapted from FasterTransformer's
+               masked multi-head kernel)
+  masked-mha   the same kernel lineage, TensorRT-LLM's masked multi-head kernel (same CUDA-core rate)
   cuda-core    a KV group's query heads together on CUDA cores (FlashInfer CUDA-core decode)
   tensor-core  the group's queries as a small GEMM on tensor cores (FlashAttention/FlashInfer tensor-core
                decode, TensorRT-LLM XQA)
@@ -33,9 +35,12 @@ import numpy as np
 FAMILIES = ("per-head", "masked-mha", "cuda-core", "tensor-core")
 BW_TERM = {"per-head": "attn_bw_per_head", "masked-mha": "attn_bw_per_head", "cuda-core": "attn_bw_cuda_core",
            "tensor-core": "attn_bw_tensor_core"}
-# the CUDA-core rate of each CUDA-core family: TensorRT-LLM's masked multi-head kernel is its own
-# implementation (pinned by its sliding-window Mistral rows and the XQA-off run), the others share one
-CORE_TERM = {"per-head": "attn_core_eff", "masked-mha": "attn_mmha_core_eff", "cuda-core": "attn_core_eff",
+# the CUDA-core rate of each CUDA-core family, by lineage: vLLM's PagedAttention kernel is adapted from
+# FasterTransformer's decoder masked multi-head attention kernel (its source file's header says so), which is
+# also TensorRT-LLM's masked MHA, so the per-head and masked-mha families share one rate (pinned by the vLLM
+# kernel benchmarks, the sliding-window Mistral rows and the XQA pair); FlashInfer's grouped CUDA-core kernel
+# has its own
+CORE_TERM = {"per-head": "attn_mmha_core_eff", "masked-mha": "attn_mmha_core_eff", "cuda-core": "attn_core_eff",
              "tensor-core": "attn_core_eff"}
 
 

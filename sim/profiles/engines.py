@@ -22,8 +22,9 @@ How each term enters (docs/sim.md "Engine profiles"):
   - decode attention (sim/profiles/attention.py): the kernel family each stack runs (stacks.yaml), its
                          streaming plateau (attn_bw_per_head / _cuda_core / _tensor_core), a per-kernel fixed
                          time (attn_latency_s), the L2 share of a per-head kernel's re-reads on a grouped-query
-                         model (attn_l2_reuse), the CUDA-core rate (attn_core_eff), FP8-KV conversion on FP8
-                         units (attn_fp8_kv_eff) and in software without them (fp8_kv_sw_ops: not fitted, no
+                         model (attn_l2_reuse), the CUDA-core rates (attn_core_eff; attn_mmha_core_eff for
+                         the FasterTransformer-lineage per-head kernels), FP8-KV conversion on FP8 units
+                         (attn_fp8_kv_eff) and in software without them (fp8_kv_sw_ops: not fitted, no
                          row measures it).
 The decode-attention rate enters as Op.bw_scale and Op.compute_eff of attn_scores / softmax / attn_v; the
 streaming efficiency stays <= 1 of peak bandwidth, so every step still respects the floor
@@ -127,10 +128,12 @@ TERMS = (
          "per-head kernel on a grouped-query model: share of the g - 1 re-reads of each K/V element served by L2"),
     Term("attn_core_eff", "fraction of fp32 peak", 0.02, 1.0, 1.0,
          "no prior measurement; upper bound 1 = the fp32 CUDA-core peak",
-         "decode attention on CUDA cores: FLOP rate per query head as a fraction of the fp32 peak"),
+         "decode attention, grouped CUDA-core kernel (FlashInfer): FLOP rate per query head as a fraction of the "
+         "fp32 peak"),
     Term("attn_mmha_core_eff", "fraction of fp32 peak", 0.02, 1.0, 1.0,
          "no prior measurement; upper bound 1 = the fp32 CUDA-core peak",
-         "TensorRT-LLM's masked multi-head decode kernel: FLOP rate per query head as a fraction of the fp32 peak"),
+         "FasterTransformer-lineage per-head decode kernels (TensorRT-LLM's masked multi-head attention; vLLM's "
+         "PagedAttention, adapted from it): FLOP rate per query head as a fraction of the fp32 peak"),
     Term("attn_fp8_kv_eff", "fraction", 0.3, 1.0, 1.0,
          "1 = converting FP8 KV costs nothing on FP8 units",
          "CUDA-core decode attention over an FP8 KV cache on a device with FP8 units, relative to 16-bit KV"),
