@@ -89,3 +89,17 @@ def test_cli_errors_are_one_line(capsys):
     assert run(analysis.main, ["--out", "/tmp/x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
+
+
+@pytest.mark.slow
+def test_primary_only_runs_the_primary_alone_and_names_the_model(tmp_path, capsys):
+    """A subset run (another model, fewer policies) asks for the primary comparison alone: the bundled
+    CNN/DM trace's report then has that one row and names SmolLM2-135M."""
+    from traces.catalog import DATA_DIR
+    from kvcommon.cli import run
+
+    trace = DATA_DIR / "smollm2-135m" / "decisive-cnndm"
+    assert run(analysis.main, ["--cnndm", str(trace), "--out", str(tmp_path), "--primary-only"]) == 0
+    frame = pd.read_csv(tmp_path / "tests.csv")
+    assert len(frame) == 1 and bool(frame["primary"].iloc[0]) and frame["n"].iloc[0] == 100
+    assert (tmp_path / "report.md").read_text().startswith("# Keyformer vs H2O: the primary comparison (smollm2-135m)")

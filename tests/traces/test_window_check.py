@@ -2,10 +2,12 @@
 full-detail trace clean, and a dropped newest position or an extra one caught."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from traces import reader
 from traces import window_check as wc
@@ -24,7 +26,13 @@ def test_rules_paper_and_official():
     assert wc.rules({}, "snapkv", 100, 0.5) is None
 
 
-def test_bundled_trace_is_clean(tmp_path):
+@pytest.fixture(scope="module")
+def kept_trace():
+    return reader.load(KEPT_TRACE)
+
+
+def test_bundled_trace_is_clean(tmp_path, kept_trace, monkeypatch):
+    monkeypatch.setattr(wc, "load", lambda path: kept_trace)
     table, skipped = wc.check_trace(KEPT_TRACE, samples=4)
     assert set(table["policy"]) == {"h2o", "keyformer", "window"} and table["head_steps"].min() > 0
     assert table["window_violations"].sum() == 0 and table["budget_violations"].sum() == 0
@@ -33,8 +41,9 @@ def test_bundled_trace_is_clean(tmp_path):
     assert "| h2o | 0.2 | 2 |" in (tmp_path / "window-check.md").read_text()
 
 
-def _tampered(monkeypatch, change):
-    trace = reader.load(KEPT_TRACE)
+def _tampered(monkeypatch, kept_trace, change):
+    trace = copy.copy(kept_trace)
+    trace.__dict__ = dict(kept_trace.__dict__)
     kept = trace.kept.copy()
     row = kept.index[(kept["policy"] == "h2o") & (kept["step"] == 5) & (kept["sample"] == trace.samples[0])][0]
     added, evicted = kept["added"].tolist(), kept["evicted"].tolist()
@@ -48,14 +57,14 @@ def _tampered(monkeypatch, change):
     return table.set_index(["policy", "cache_ratio"]).loc[("h2o", round(float(kept.at[row, "cache_ratio"]), 4))]
 
 
-def test_a_dropped_newest_position_is_a_window_violation(monkeypatch):
+def test_a_dropped_newest_position_is_a_window_violation(monkeypatch, kept_trace):
     # the step-5 newcomer enters and leaves at once: the head is one short and misses its newest position
-    got = _tampered(monkeypatch, lambda r: (list(r["added"]), list(r["evicted"]) + list(r["added"])))
+    got = _tampered(monkeypatch, kept_trace, lambda r: (list(r["added"]), list(r["evicted"]) + list(r["added"])))
     assert got["window_violations"] >= 1 and got["budget_violations"] >= 1
 
 
-def test_a_missed_eviction_is_a_budget_violation(monkeypatch):
-    got = _tampered(monkeypatch, lambda r: (list(r["added"]), []))
+def test_a_missed_eviction_is_a_budget_violation(monkeypatch, kept_trace):
+    got = _tampered(monkeypatch, kept_trace, lambda r: (list(r["added"]), []))
     assert got["budget_violations"] >= 1
 
 
