@@ -22,11 +22,11 @@ leave-one-family-out check holds out together.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
 import re
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
