@@ -213,4 +213,4 @@ def test_bundled_traces_say_they_ran_under_the_first_rules():
                 assert variant["params"]["scoring"] == "h2o", (folder, label)
             if name in ("keyformer", "snapkv"):
                 assert variant["rules"], (folder, label)
-    assert second == 3          # decisive-cnndm, decisive-xsum-tf and the kept-position re-capture
+    assert second == 4          # decisive-cnndm, decisive-xsum-tf, the kept-position re-capture, Gemma's subset
