@@ -15,7 +15,6 @@ Writes TRACE-name.csv per trace and window-check.md under --out (default results
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvcommon.cli import OneLineParser, atomic_write_text, check_out_folder, positive_int, run
 from traces.reader import TraceError, load
 
 CHECKED = ("h2o", "keyformer", "window")
@@ -46,12 +46,31 @@ def rules(params: dict, name: str, n: int, cache_ratio: float) -> tuple[int, int
     return k, min(int(math.floor(r * k)), k)
 
 
-def check_trace(path, samples: int | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """Per policy x cache ratio: head-steps checked, window and budget violations, samples; and the labels
-    not checked with their reason. `samples`: the first that many samples only."""
-    trace = load(path)
+COLUMNS = ("policy", "cache_ratio", "head_steps", "window_violations", "budget_violations", "samples")
+
+
+def _replay(head: pd.DataFrame, n: int, hold: int, newest: int) -> tuple[int, int, int]:
+    """(steps, window violations, budget violations) of one KV head's kept rows, in step order."""
+    held: set = set()
+    steps = window = budget = 0
+    for step, bitmap, added, evicted in zip(head["step"], head["kept_bitmap"], head["added"], head["evicted"]):
+        if step == -1:
+            held = set(np.flatnonzero(np.unpackbits(np.frombuffer(bitmap, np.uint8))[:n]).tolist())
+        else:
+            held.update(int(p) for p in added)
+            held.difference_update(int(p) for p in evicted)
+        last = n + int(step)                    # the newest position that exists after the step
+        steps += 1
+        budget += len(held) != min(last + 1, hold)
+        window += any(p not in held for p in range(last - newest + 1, last + 1))
+    return steps, window, budget
+
+
+def check_trace(trace, samples: int | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Per policy x cache ratio of a loaded trace: head-steps checked, window and budget violations, samples;
+    and the labels not checked with their reason. `samples`: the first that many samples only."""
     if trace.manifest.get("detail", "full") != "full":
-        raise TraceError(f"{path}: a --detail summary trace has no kept positions (capture with --detail full)")
+        raise TraceError(f"{trace.path}: a --detail summary trace has no kept positions (capture with --detail full)")
     variants = trace.manifest.get("policy", {}).get("variants", {})
     prompt = trace.kv.groupby("sample")["prompt_len"].first().to_dict()
     kept = trace.kept
@@ -63,69 +82,45 @@ def check_trace(path, samples: int | None = None) -> tuple[pd.DataFrame, list[st
         spec = variants.get(label, {})
         name, params = spec.get("name", label), spec.get("params", {})
         ratio = round(float(ratio), 4)
-        counts = dict(policy=label, cache_ratio=ratio, head_steps=0, window_violations=0, budget_violations=0,
-                      samples=group["sample"].nunique())
-        for (sample, _layer, _head), head in group.groupby(["sample", "layer", "head"], sort=False):
-            n = int(prompt[sample])
-            rule = rules(params, name, n, ratio)
-            if rule is None:
-                break
-            hold, newest = rule
-            held: set = set()
-            for step, bitmap, added, evicted in zip(head["step"], head["kept_bitmap"], head["added"],
-                                                    head["evicted"]):
-                if step == -1:
-                    held = set(np.flatnonzero(np.unpackbits(np.frombuffer(bitmap, np.uint8))[:n]).tolist())
-                else:
-                    held.update(int(p) for p in added)
-                    held.difference_update(int(p) for p in evicted)
-                last = n + int(step)                    # the newest position that exists after the step
-                counts["head_steps"] += 1
-                counts["budget_violations"] += len(held) != min(last + 1, hold)
-                counts["window_violations"] += any(p not in held for p in range(last - newest + 1, last + 1))
-        if rule is None:
+        if rules(params, name, 1, ratio) is None:
             skipped.append(f"{label} @ {ratio:g} (" + ("a padded budget base" if name in CHECKED else
                                                       "not one of " + ", ".join(CHECKED)) + ")")
             continue
-        rows.append(counts)
-    return pd.DataFrame(rows), skipped
+        totals = np.zeros(3, dtype=np.int64)
+        for (sample, _layer, _head), head in group.groupby(["sample", "layer", "head"], sort=False):
+            n = int(prompt[sample])
+            totals += _replay(head, n, *rules(params, name, n, ratio))
+        rows.append((label, ratio, *(int(t) for t in totals), group["sample"].nunique()))
+    return pd.DataFrame(rows, columns=list(COLUMNS)), skipped
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m traces.window_check", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m traces.window_check", description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="+", help="trace folders captured with --detail full")
     p.add_argument("--out", default="results/window-check/report", help="folder for the CSVs and window-check.md")
-    p.add_argument("--samples", type=int, default=None, help="check the first N samples of each trace only")
+    p.add_argument("--samples", type=positive_int, default=None, help="check the first N samples of each trace only")
     args = p.parse_args(argv)
-    if args.samples is not None and args.samples < 1:
-        print("error: --samples must be a positive integer", file=sys.stderr)
-        return 2
-    try:
-        results = [(Path(t), *check_trace(t, args.samples)) for t in args.traces]
-    except (TraceError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
+    out = check_out_folder("--out", args.out)
+    results = [(trace, *check_trace(trace, args.samples)) for trace in (load(t) for t in args.traces)]
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Recent-window and budget check of kept positions", "",
              "`python -m traces.window_check " + " ".join(args.traces) + "` (rules: traces/window_check.py)", ""]
     bad = 0
-    for path, table, skipped in results:
-        table.to_csv(out / f"{path.name}.csv", index=False)
-        model = load(path).model.get("name", "?")
-        lines += [f"## {path.name} ({model})", "", "| policy | cache ratio | samples | head-steps | window violations "
-                  "| budget violations |", "|---|---|---|---|---|---|"]
+    for trace, table, skipped in results:
+        name = Path(trace.path).name
+        atomic_write_text(out / f"{name}.csv", table.to_csv(index=False))
+        lines += [f"## {name} ({trace.model.get('name', '?')})", "", "| policy | cache ratio | samples | head-steps "
+                  "| window violations | budget violations |", "|---|---|---|---|---|---|"]
         lines += [f"| {r.policy} | {r.cache_ratio:g} | {r.samples} | {r.head_steps:,} | {r.window_violations} | "
                   f"{r.budget_violations} |" for r in table.itertuples()]
         lines += [""] + ([f"Not checked: {'; '.join(skipped)}.", ""] if skipped else [])
-        bad += int(table["window_violations"].sum() + table["budget_violations"].sum()) if len(table) else 0
-        print(f"{path}: {int(table['head_steps'].sum()) if len(table) else 0:,} head-steps, "
-              f"{int(table['window_violations'].sum()) if len(table) else 0} window and "
-              f"{int(table['budget_violations'].sum()) if len(table) else 0} budget violations")
-    (out / "window-check.md").write_text("\n".join(lines))
+        steps, window, budget = (int(table[c].sum()) for c in ("head_steps", "window_violations", "budget_violations"))
+        bad += window + budget
+        print(f"{trace.path}: {steps:,} head-steps, {window} window and {budget} budget violations")
+    atomic_write_text(out / "window-check.md", "\n".join(lines))
     print(f"report: {out / 'window-check.md'}")
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -31,9 +31,8 @@ def kept_trace():
     return reader.load(KEPT_TRACE)
 
 
-def test_bundled_trace_is_clean(tmp_path, kept_trace, monkeypatch):
-    monkeypatch.setattr(wc, "load", lambda path: kept_trace)
-    table, skipped = wc.check_trace(KEPT_TRACE, samples=4)
+def test_bundled_trace_is_clean(tmp_path, kept_trace):
+    table, skipped = wc.check_trace(kept_trace, samples=4)
     assert set(table["policy"]) == {"h2o", "keyformer", "window"} and table["head_steps"].min() > 0
     assert table["window_violations"].sum() == 0 and table["budget_violations"].sum() == 0
     assert any(s.startswith("snapkv") for s in skipped)
@@ -41,7 +40,7 @@ def test_bundled_trace_is_clean(tmp_path, kept_trace, monkeypatch):
     assert "| h2o | 0.2 | 2 |" in (tmp_path / "window-check.md").read_text()
 
 
-def _tampered(monkeypatch, kept_trace, change):
+def _tampered(kept_trace, change):
     trace = copy.copy(kept_trace)
     trace.__dict__ = dict(kept_trace.__dict__)
     kept = trace.kept.copy()
@@ -52,23 +51,24 @@ def _tampered(monkeypatch, kept_trace, change):
     kept["added"] = pd.Series(added, index=kept.index, dtype=object)
     kept["evicted"] = pd.Series(evicted, index=kept.index, dtype=object)
     trace.__dict__["kept"] = kept
-    monkeypatch.setattr(wc, "load", lambda path: trace)
-    table, _ = wc.check_trace(KEPT_TRACE, samples=1)
+    table, _ = wc.check_trace(trace, samples=1)
     return table.set_index(["policy", "cache_ratio"]).loc[("h2o", round(float(kept.at[row, "cache_ratio"]), 4))]
 
 
-def test_a_dropped_newest_position_is_a_window_violation(monkeypatch, kept_trace):
+def test_a_dropped_newest_position_is_a_window_violation(kept_trace):
     # the step-5 newcomer enters and leaves at once: the head is one short and misses its newest position
-    got = _tampered(monkeypatch, kept_trace, lambda r: (list(r["added"]), list(r["evicted"]) + list(r["added"])))
+    got = _tampered(kept_trace, lambda r: (list(r["added"]), list(r["evicted"]) + list(r["added"])))
     assert got["window_violations"] >= 1 and got["budget_violations"] >= 1
 
 
-def test_a_missed_eviction_is_a_budget_violation(monkeypatch, kept_trace):
-    got = _tampered(monkeypatch, kept_trace, lambda r: (list(r["added"]), []))
+def test_a_missed_eviction_is_a_budget_violation(kept_trace):
+    got = _tampered(kept_trace, lambda r: (list(r["added"]), []))
     assert got["budget_violations"] >= 1
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
-    assert wc.main([str(tmp_path / "nope")]) == 2
-    assert wc.main([str(KEPT_TRACE), "--samples", "0"]) == 2
+    from kvcommon.cli import run
+    assert run(wc.main, [str(tmp_path / "nope")]) == 2
+    assert run(wc.main, [str(KEPT_TRACE), "--samples", "0"]) == 2
+    assert run(wc.main, [str(KEPT_TRACE), "--samples", "x"]) == 2
     assert all(line.startswith("error:") for line in capsys.readouterr().err.strip().splitlines())

@@ -170,13 +170,13 @@ def main(argv=None) -> int:
     import traces
     from traces.quality import per_sample
 
-    per_dataset = {name: per_sample(traces.load(folder)) for name, folder in (("cnndm", args.cnndm),
-                                                                              ("xsum", args.xsum)) if folder}
+    loaded = {name: traces.load(folder) for name, folder in (("cnndm", args.cnndm), ("xsum", args.xsum)) if folder}
+    per_dataset = {name: per_sample(trace) for name, trace in loaded.items()}
     frame = evaluate(per_dataset, plan()[:1] if args.primary_only else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "tests.csv", frame.to_csv(index=False))
-    model = traces.load(args.cnndm or args.xsum).model.get("name", "?")
+    model = next(iter(loaded.values())).model.get("name", "?")
     title = "the primary comparison" if args.primary_only else "the pre-registered tests"
     atomic_write_text(out / "report.md", f"# Keyformer vs H2O: {title} ({model})\n\n" + to_markdown(frame))
     print(to_markdown(frame))
