@@ -60,8 +60,12 @@ def _largest(mem, cap, shape, upper, knots=()):
     is checked at b and b + 1; where that check fails (a profile whose memory is not piecewise linear
     with those knots) a vectorised bisection decides, which needs only that memory grows with the batch."""
     hi = np.minimum(np.floor(np.broadcast_to(np.maximum(upper, 1.0), shape)), float(MAX_BATCH_LIMIT)) + 1.0
-    points = np.sort(np.stack([np.ones(shape), hi, *(np.clip(np.broadcast_to(k, shape), 1.0, hi) for k in knots)]),
-                     axis=0)
+    inner = [np.clip(np.broadcast_to(k, shape), 1.0, hi) for k in knots]        # each within [1, hi]
+    if len(inner) == 2:                                     # sorted: the knots' order, between 1 and hi
+        inner = [np.minimum(*inner), np.maximum(*inner)]
+    elif len(inner) > 2:
+        inner = list(np.sort(np.stack(inner), axis=0))
+    points = np.stack([np.ones(shape), *inner, hi])
     values = np.broadcast_to(mem(points), points.shape)    # memory is elementwise: one call for all knots
     guess = np.ones(shape)
     for (b0, b1), (m0, m1) in zip(zip(points[:-1], points[1:]), zip(values[:-1], values[1:])):

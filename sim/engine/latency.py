@@ -9,7 +9,7 @@ import numpy as np
 
 from sim import kvlen, policies
 from sim.engine.setup import Setup, make_ctx
-from sim.engine.timing import TimedOps, time_ops, time_tables
+from sim.engine.timing import StepTotals, TimedOps, table_totals, time_ops, time_tables
 from sim.op import FIELDS
 from sim.ops import forward_ops
 
@@ -56,6 +56,14 @@ def drop_layer_axis(t: TimedOps) -> TimedOps:
                     t.time[..., 0], t.step_time[..., 0], t.inside)
 
 
+def drop_total_layer_axis(t: StepTotals) -> StepTotals:
+    """(P, nodes, 1) -> (P, nodes): drop_layer_axis of the sums."""
+    if t.step_time.ndim != 3:
+        return t
+    return StepTotals(t.step_time[..., 0], t.t_compute[..., 0], t.t_memory[..., 0],
+                      {f: v[..., 0] for f, v in t.fields.items()})
+
+
 def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False,
              parts=("prefill", "decode"), decode_batch=None):
     """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,).
@@ -81,8 +89,10 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
     else:
         past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
     dec_ops = forward_ops(make_ctx(s, "decode", bd, k, 1.0, past, p, r))
-    if pre_ops is not None and slots == 1:               # both phases in one pass where their shapes agree
+    if pre_ops is not None and slots == 1 and keep_ops:  # both phases in one pass where their shapes agree
         pre, dec = (drop_layer_axis(t) for t in time_tables(s, [pre_ops, dec_ops], keep=keep))
+    elif pre_ops is not None and slots == 1:             # only the sums are read: no per-op tables
+        pre, dec = (drop_total_layer_axis(t) for t in table_totals(s, [pre_ops, dec_ops], keep=keep))
     else:
         pre = None if pre_ops is None else drop_layer_axis(time_ops(s, pre_ops, keep=keep))
         dec = drop_layer_axis(time_ops(s, dec_ops, layer_slots=slots, keep=keep))
@@ -92,10 +102,11 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
     tpot = np.where(t_steps > 0, mean(dec.step_time), 0.0)
     if lean:
         return dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot)
-    tm, tc = mean(dec.t_memory.sum(0)), mean(dec.t_compute.sum(0))
+    totals = dec.totals() if isinstance(dec, TimedOps) else dec
+    tm, tc = mean(totals.t_memory), mean(totals.t_compute)
     out = dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot,
                decode_memory_time_s=tm, decode_compute_time_s=tc,
-               decode_kv_read_bytes=mean(dec.fields["kv_read_bytes"].sum(0)),
+               decode_kv_read_bytes=mean(totals.fields["kv_read_bytes"]),
                decode_bound=np.where(tm >= tc, "memory", "compute"))
     if keep_ops:
         out.update(_prefill=pre, _decode=dec, _weights=weights)
@@ -110,7 +121,7 @@ def stacked_latency(s: Setup, prefill_batches, decode_batches, beams, prompt, ge
     prefilling at those batches and decoding at the matching `decode_batches`: one pass over the
     operator tables, so their per-call cost is paid once (sweeps evaluate many small groups)."""
     k = len(prefill_batches)
-    tile = (lambda a: np.tile(np.asarray(a, float), k) if np.ndim(a) else a) if k > 1 else (lambda a: a)
+    tile = (lambda a: np.concatenate([np.asarray(a, float)] * k) if np.ndim(a) else a) if k > 1 else (lambda a: a)
     per_point = {f: tile(getattr(s, f)) for f in ("wb", "kvb", "ab", "peak_gemm", "peak_vector")
                  if np.ndim(getattr(s, f))}
     stacked = replace(s, **per_point) if per_point and k > 1 else s

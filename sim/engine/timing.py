@@ -47,6 +47,20 @@ class TimedOps:
     # per op, the op whose kernel it runs inside (Op.fused_into; its seconds are on that op's row), or None
     inside: list | None = None
 
+    def totals(self) -> StepTotals:
+        return StepTotals(self.step_time, self.t_compute.sum(0), self.t_memory.sum(0),
+                          {f: v.sum(0) for f, v in self.fields.items()})
+
+
+@dataclass
+class StepTotals:
+    """A step's sums over its ops (*shape), what a request-level answer reads: the step time (host
+    overhead included), compute and memory seconds, and the kept FLOP/byte columns."""
+    step_time: np.ndarray
+    t_compute: np.ndarray
+    t_memory: np.ndarray
+    fields: dict
+
 
 def stream_factors(s: Setup, ops) -> list | None:
     """Per op, the factor its streaming efficiency is multiplied by: the attention tables' factor for
@@ -102,8 +116,11 @@ _array_fields = operator.attrgetter(*ARRAY_FIELDS)
 
 
 def op_shape(op: Op) -> tuple:
-    shapes = {v.shape for v in _array_fields(op) if isinstance(v, np.ndarray)}
-    return shapes.pop() if len(shapes) == 1 else np.broadcast_shapes(*shapes) if shapes else ()
+    shape = None
+    for v in _array_fields(op):
+        if isinstance(v, np.ndarray) and v.shape != shape:
+            shape = v.shape if shape is None else np.broadcast_shapes(shape, v.shape)
+    return () if shape is None else shape
 
 
 def op_shapes(ops: list[Op]) -> list[tuple]:
@@ -135,23 +152,28 @@ def node_partition(ops: list[Op], shapes: list[tuple] | None = None) -> list[int
     return picked
 
 
+def op_bytes(op: Op):
+    """An op's bytes, its BYTE_FIELDS added in that order at the op's own shape (scalars stay scalars):
+    the same sum, element for element, as adding the table's byte columns."""
+    total = np.add(op.weight_bytes, op.act_bytes, dtype=float)
+    return np.add(np.add(total, op.kv_read_bytes, dtype=float), op.kv_write_bytes, dtype=float)
+
+
 def _timed_part(s: Setup, ops: list[Op], layer_slots: int, keep, ndim: int | None = None):
     """(per_op, t_compute, t_memory, fields) of `ops`, per op and layer slot times its occurrences."""
     n_layers = s.model.n_layers
-    columns = {f: stack([getattr(op, f) for op in ops]) for f in FIELDS}
+    columns = {"flops": stack([op.flops for op in ops]), "bytes": stack([op_bytes(op) for op in ops])}
+    columns |= {f: stack([getattr(op, f) for op in ops]) for f in keep if f != "flops"}
     # every column as (n_ops, *table axes): a column of scalars is (n_ops,) and must not broadcast along
     # the last axis; a part of a larger table (`ndim`) gets that table's axes, as ones where it has none
     ndim = max([ndim or 0] + [v.ndim - 1 for v in columns.values()])
     columns = {f: v.reshape(v.shape[:1] + (1,) * (ndim + 1 - v.ndim) + v.shape[1:]) for f, v in columns.items()}
-    byte_parts = {f: columns[f] for f in BYTE_FIELDS}
-    nbytes = sum(byte_parts[f] for f in BYTE_FIELDS)
-    flops, nbytes = np.broadcast_arrays(columns["flops"], nbytes)
+    flops, nbytes = np.broadcast_arrays(columns["flops"], columns["bytes"])
     extra = (1,) * (flops.ndim - 1)
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
     t_compute, t_memory, per_occurrence = kernel_seconds(s, ops, flops, nbytes, extra)
-    parts = {"flops": flops, **byte_parts}
-    fields = {f: np.broadcast_to(parts[f], flops.shape) * mult for f in keep}
+    fields = {f: np.broadcast_to(columns[f], flops.shape) * mult for f in keep}
     return per_occurrence * mult, t_compute * mult, t_memory * mult, fields
 
 
@@ -184,17 +206,47 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=
     return _timed_ops(s, ops, per_op, t_compute, t_memory, fields)
 
 
+def step_totals(s: Setup, ops: list[Op], keep=FIELDS, shapes=None) -> StepTotals:
+    """time_ops(s, ops, keep=keep).totals() (one layer slot) without the per-op tables: where ops smaller
+    than the table are timed at their own shape (node_partition), their rows are added into the sums
+    as they are, in op order, instead of first being broadcast into a full table. The same numbers: a sum
+    over axis 0 adds row after row in that order too."""
+    shapes = op_shapes(ops) if shapes is None else shapes
+    small = node_partition(ops, shapes)
+    if small is None:
+        return time_ops(s, ops, keep=keep, shapes=shapes).totals()
+    chosen = set(small)
+    large = [i for i in range(len(ops)) if i not in chosen]
+    ndim = len(np.broadcast_shapes(*(shapes[i] for i in large)))
+    big = _timed_part(s, [ops[i] for i in large], 1, keep)
+    little = _timed_part(s, [ops[i] for i in small], 1, keep, ndim)
+    row = {i: (big, j) for j, i in enumerate(large)} | {i: (little, j) for j, i in enumerate(small)}
+    full = np.broadcast_shapes(big[0].shape[1:], little[0].shape[1:])
+
+    def ordered_sum(pick):
+        part, j = row[0]
+        total = np.array(np.broadcast_to(pick(part)[j], full))
+        for i in range(1, len(ops)):
+            part, j = row[i]
+            total += pick(part)[j]
+        return total
+
+    per_op, t_compute, t_memory = (ordered_sum(lambda part, k=k: part[k]) for k in range(3))
+    fields = {f: ordered_sum(lambda part, f=f: part[3][f]) for f in keep}
+    return StepTotals(per_op + s.host_s, t_compute, t_memory, fields)
+
+
 def _timed_ops(s: Setup, ops: list[Op], per_op, t_compute, t_memory, fields) -> TimedOps:
     return TimedOps([op.name for op in ops], fields, t_compute, t_memory, per_op, per_op.sum(0) + s.host_s,
                     [op.fused_into for op in ops])
 
 
-def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[TimedOps]:
+def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS, shapes=None) -> list[TimedOps]:
     """time_ops of each op list (one layer slot), in one pass over the operator tables when all their ops
     share a shape (a prefill and an evicting policy's decode: one roofline evaluation instead of two);
     the same numbers either way, since every formula is elementwise per op."""
     ops = [op for table in tables for op in table]
-    shapes = op_shapes(ops)
+    shapes = op_shapes(ops) if shapes is None else shapes
     if len(set(shapes)) > 1:
         out, start = [], 0
         for table in tables:
@@ -208,6 +260,20 @@ def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[TimedOps]
         start = rows.stop
         out.append(_timed_ops(s, table, per_op[rows], t_compute[rows], t_memory[rows],
                               {f: v[rows] for f, v in fields.items()}))
+    return out
+
+
+def table_totals(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[StepTotals]:
+    """[t.totals() for t in time_tables(s, tables, keep)], without per-op tables where a table's ops
+    differ in shape (step_totals)."""
+    ops = [op for table in tables for op in table]
+    shapes = op_shapes(ops)
+    if len(set(shapes)) == 1:
+        return [t.totals() for t in time_tables(s, tables, keep=keep, shapes=shapes)]
+    out, start = [], 0
+    for table in tables:
+        out.append(step_totals(s, table, keep=keep, shapes=shapes[start:start + len(table)]))
+        start += len(table)
     return out
 
 

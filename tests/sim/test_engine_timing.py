@@ -85,3 +85,21 @@ def test_a_column_of_scalars_does_not_broadcast_along_the_last_axis():
     ops = [Op("a", True, flops=x, act_bytes=x), Op("b", True, flops=2 * x, act_bytes=x), Op("c", False, flops=x)]
     per_op, *_ = _timed_part(s, ops, 1, ())
     assert per_op.shape == (3, 3, 1, 1)
+
+
+@pytest.mark.parametrize("hw", ["h200-sxm", "cpu-local"])
+@pytest.mark.parametrize("policy", ["keyformer", "full", "snapkv"])
+def test_table_totals_are_the_per_op_tables_summed_bit_for_bit(hw, policy):
+    """The sweep's path (table_totals: sums over ops without per-op tables where the dense ops are timed
+    at their own shape) gives time_tables' sums to the bit, for one shape (evicting) and two (growing)."""
+    from sim.engine.timing import table_totals, time_tables
+    s = make_setup(hw, "llama-2-7b", policy, profile="fused")
+    batch, beams, prompt, ratio = _points(seed=2)
+    past = prompt * ratio if policy == "keyformer" else prompt + np.linspace(0, 300, 9)[None, :, None]
+    pre = forward_ops(make_ctx(s, "prefill", batch, beams, prompt, 0.0, ratio, 0.3))
+    dec = forward_ops(make_ctx(s, "decode", batch, beams, 1.0, past, ratio, 0.3))
+    keep = ("kv_read_bytes",)
+    for lean, timed in zip(table_totals(s, [pre, dec], keep=keep), time_tables(s, [pre, dec], keep=keep)):
+        assert _same(lean.step_time, timed.step_time)
+        assert _same(lean.t_compute, timed.t_compute.sum(0)) and _same(lean.t_memory, timed.t_memory.sum(0))
+        assert _same(lean.fields["kv_read_bytes"], timed.fields["kv_read_bytes"].sum(0))

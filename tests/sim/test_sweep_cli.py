@@ -58,6 +58,27 @@ def test_evaluate_is_pure_and_chunkable():
     assert {"hw_hash", "model_hash"} <= set(points.columns)
 
 
+def test_large_groups_evaluated_in_blocks_give_the_whole_groups_numbers(monkeypatch):
+    """A group cut into blocks (sim.sweep.analytic.BLOCK_POINTS: its tables stay near the cache) gives the
+    numbers of one engine call over the whole group, to the bit, for evicting and growing policies."""
+    import sim.sweep.analytic as analytic
+    from sim.bench import random_points
+    points = random_points(3000, seed=3, devices=["h100-sxm"])
+    whole = evaluate(points)
+    monkeypatch.setattr(analytic, "BLOCK_POINTS", {"evicting": 37, "growing": 11})
+    pd.testing.assert_frame_equal(evaluate(points), whole, check_exact=True)
+    cuts = analytic.blocks(5, 105, 30)
+    assert [(c.start, c.stop) for c in cuts] == [(5, 38), (38, 72), (72, 105)]
+    assert len(analytic.blocks(0, 44, 30)) == 1 and len(analytic.blocks(0, 46, 30)) == 2
+
+
+def test_decode_bound_column_is_what_pandas_infers_from_the_strings():
+    from sim.sweep.analytic import bound_labels
+    labels = pd.Series(bound_labels(np.array([True, False, True])))
+    expected = pd.Series(["memory", "compute", "memory"])
+    pd.testing.assert_series_equal(labels, expected)
+
+
 def test_default_grid_evaluates_quickly():
     """The default sweep's model evaluation (the part that scales with the grid)."""
     points = build_grid(GridConfig())
