@@ -76,10 +76,12 @@ def evaluate(points: pd.DataFrame, progress: bool = False) -> pd.DataFrame:
 
 
 # Points per engine call for a larger group: a group is evaluated in blocks of about this many points
-# (an evicting policy's tables have one decode node per point, a growing cache's nine), so a block's
-# operator tables stay near the core's cache; a whole 16,700-point group runs 1.4-1.5x slower per point
-# (docs/performance.md). Groups up to 1.5 blocks stay whole: each engine call has a fixed cost too.
-BLOCK_POINTS = {"evicting": 4000, "growing": 2500}
+# (an evicting policy's tables have one decode node per point, a growing cache's nine). Measured on a
+# 1M-point single-device sweep (docs/performance.md): whole 16,700-point groups and 4,000-point blocks
+# spend a third of their time in page faults (their multi-MB temporaries are returned to the OS and
+# faulted back every call: ~900k minor faults), 2,000 / 1,200-point blocks almost none, and 1,000-point
+# blocks pay the engine's fixed cost per call too often. Groups below 1.5 blocks stay whole.
+BLOCK_POINTS = {"evicting": 2000, "growing": 1200}
 
 
 def block_points(policy: str) -> int:
