@@ -117,6 +117,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def parse_part(text: str) -> tuple[int, int]:
+    """--part 'K/N' -> (K, N) with 1 <= K <= N: a worker's share of a job split over N workers."""
+    try:
+        k, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise ValueError(f"--part must be K/N (e.g. 1/2), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--part K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
 def progress_disabled(wanted: bool = True) -> bool:
     """tqdm's `disable` for a bar on stderr: off when not `wanted`, else shown on a terminal only (no
     carriage-return spam in logs and pipes). KVSIM_PROGRESS=1 forces bars on, KVSIM_PROGRESS=0 off."""

@@ -106,6 +106,31 @@ def test_interrupted_capture_resumes_to_the_same_trace(tiny_trace_dir, tiny_data
         reference.kept.drop(columns="kept_bitmap").astype(str))
 
 
+def test_two_parts_on_one_folder_write_the_single_worker_trace(tiny_trace_dir, tiny_dataset, tmp_path, capsys):
+    """--part 1/2 then 2/2 (one worker per core, run at once in practice): the first leaves its batches'
+    shards and no trace, the second finds every run done and writes the trace one worker writes."""
+    from traces.capture import run_capture
+
+    out = tmp_path / "parts"
+    run_capture(tiny_config(out, tiny_dataset, part="1/2"))
+    assert "runs of other parts still missing" in capsys.readouterr().err
+    assert not (out / "manifest.json").exists()
+    single = traces.load(tiny_trace_dir)
+    first = single.manifest["dataset"]["sample_ids"][0]    # batch 0 (batch size 1): part 1's; batch 1: part 2's
+    written = {p.parent.name.rsplit("__", 1)[-1] for p in (out / store.SHARDS).glob("*/text.json")}
+    assert written == {first}
+    run_capture(tiny_config(out, tiny_dataset, part="2/2"))
+    parted = traces.load(out)
+    assert parted.kv.drop(columns="mass_retained").equals(single.kv.drop(columns="mass_retained"))
+    assert parted.texts["tokens"].map(tuple).tolist() == single.texts["tokens"].map(tuple).tolist()
+
+
+@pytest.mark.parametrize("part", ["0/2", "3/2", "1", "a/b"])
+def test_a_bad_part_is_refused(tiny_dataset, tmp_path, part):
+    with pytest.raises(ValueError, match="part"):
+        tiny_config(tmp_path / "x", tiny_dataset, part=part)
+
+
 def test_changed_settings_do_not_mix_with_a_capture_in_progress(tiny_dataset, tmp_path, monkeypatch):
     from traces.capture import run_capture
 

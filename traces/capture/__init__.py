@@ -19,13 +19,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvcommon.cli import progress_disabled
+from kvcommon.cli import parse_part, progress_disabled
 from kvcommon.design import CACHE_RATIO_RANGE, RECENT_RATIO_RANGE
 from kvcommon.fields import FieldError, at_least, param, validate
 from traces import schema
 from traces.datasets import DATASETS, dataset_info, load_samples
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def _part_problem(text: str) -> str | None:
+    try:
+        parse_part(text)
+    except ValueError:
+        return "must be K/N with 1 <= K <= N (e.g. 1/2)"
+    return None
 
 
 def _device_problem(device: str) -> str | None:
@@ -69,6 +77,12 @@ class CaptureConfig:
     long_text_chars: int = param(6000, check=at_least(200),
                                  help="characters per long-text chunk: the first half is the prompt (default 6000)")
     overwrite: bool = param(False, help="discard what --out holds and start over")
+    # one worker's share: batch i is this worker's when i % N == K - 1, so the batches (and every result)
+    # are those of a single worker; not a setting of the capture (a resume may use any split)
+    part: str = param("1/1", metavar="K/N", check=lambda text: _part_problem(text),
+                      help="capture only every N-th batch of samples, starting at the K-th: run K = 1..N at once "
+                           "on one --out, one per core (default 1/1); the part that finds every run done "
+                           "writes the trace")
     progress: bool = True
     specs: list = field(init=False, repr=False)
 
@@ -89,6 +103,9 @@ class CaptureConfig:
         if len(set(self.cache_ratios)) != len(self.cache_ratios):
             raise ValueError("a cache ratio is given twice")
         dataset_info(self.dataset)  # unknown names fail here, before any model loads
+        if self.overwrite and self.part != "1/1":
+            raise ValueError("--overwrite with --part: the other parts would lose their runs; start over with "
+                             "--part 1/1 or delete --out first")
 
     def ratios_for(self, spec) -> tuple:
         """The full cache has one setting: it is captured at ratio 1.0 only."""
@@ -125,7 +142,8 @@ def _versions() -> dict:
 def _environment(device) -> dict:
     import torch
 
-    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "torch_threads": torch.get_num_threads(),
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES"),
+           "torch_threads": torch.get_num_threads(),
            "cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
@@ -180,14 +198,17 @@ def run_capture(config: CaptureConfig) -> Path:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
 
-    runs = [(sample, spec, ratio) for sample in samples for spec in config.specs
-            for ratio in config.ratios_for(spec)]
-    keys = [store.shard_key(spec.label, ratio, sample.id) for sample, spec, ratio in runs]
-    done = sum(store.shard_done(out, key) for key in keys)
-    bar = tqdm(total=len(runs), initial=done, desc=f"capture {lm.name}", unit="run",
-               disable=progress_disabled(config.progress), file=sys.stderr, dynamic_ncols=True)
     size = config.batch_size
-    for first in range(0, len(samples), size):
+    part, parts = parse_part(config.part)
+    mine = [first for first in range(0, len(samples), size) if (first // size) % parts == part - 1]
+    keys_of = lambda group: [store.shard_key(spec.label, ratio, sample.id) for sample in group
+                             for spec in config.specs for ratio in config.ratios_for(spec)]
+    keys = keys_of(samples)
+    my_keys = [key for first in mine for key in keys_of(samples[first:first + size])]
+    done = sum(store.shard_done(out, key) for key in my_keys)
+    bar = tqdm(total=len(my_keys), initial=done, desc=f"capture {lm.name}" + (f" {config.part}" if parts > 1 else ""),
+               unit="run", disable=progress_disabled(config.progress), file=sys.stderr, dynamic_ncols=True)
+    for first in mine:
         group = samples[first:first + size]  # decoded together; shadows and the prompt record are theirs
         memos = [{} for _ in group]
         record = None
@@ -218,6 +239,11 @@ def run_capture(config: CaptureConfig) -> Path:
                 bar.update(pending)
         del record
     bar.close()
+    missing = sum(not store.shard_done(out, key) for key in keys)
+    if missing:     # other parts still running: the last to finish writes the trace
+        print(f"{out}: part {config.part} done; {missing} runs of other parts still missing, no trace yet",
+              file=sys.stderr)
+        return out
 
     wall = sum(json.loads((out / store.SHARDS / k / "text.json").read_text()).get("run_wall_s", 0.0) for k in keys)
     manifest = _manifest(config, lm, info, samples, prompts, wall, device, settings)

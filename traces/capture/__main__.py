@@ -29,7 +29,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--no-shared-prefill", action="store_true",
                    help="run every prompt forward under its policy instead of replaying one recorded full-"
                         "attention forward per sample (same results; use it to time real prefills)")
-    add_flags(p, CaptureConfig, ["batch_size", "long_text_chars", "out", "overwrite"])
+    add_flags(p, CaptureConfig, ["batch_size", "long_text_chars", "out", "overwrite", "part"])
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 

