@@ -79,7 +79,7 @@ class CaptureConfig:
     overwrite: bool = param(False, help="discard what --out holds and start over")
     # one worker's share: batch i is this worker's when i % N == K - 1, so the batches (and every result)
     # are those of a single worker; not a setting of the capture (a resume may use any split)
-    part: str = param("1/1", metavar="K/N", check=lambda text: _part_problem(text),
+    part: str = param("1/1", metavar="K/N", check=_part_problem,
                       help="capture only every N-th batch of samples, starting at the K-th: run K = 1..N at once "
                            "on one --out, one per core (default 1/1); the part that finds every run done "
                            "writes the trace")

