@@ -2,7 +2,9 @@
 
 Draws N random points (device, model, policy, batch, beams, prompt, gen, cache/recent ratio, dtypes)
 and evaluates them through sim.sweep.evaluate, the same path a sweep takes, capacity included. The
-last line printed is `points_per_s=<number>` so scripts can read it. A benchmark, not a test.
+last line printed is `points_per_s=<number>` so scripts can read it. A benchmark, not a test. By default
+the engine calls are spread over every core this process may use (`--workers 1`: one process, the
+single-core rate); the line before the last says how many processes ran.
 The library's one benchmark (installed, `kvsim bench`); one-off scripts live in benchmarks/ (its README).
 """
 from __future__ import annotations
@@ -74,13 +76,18 @@ def build_parser() -> ArgumentParser:
                    help="points per evaluate() call (default 1e6; smaller chunks pay the per-group cost more often)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the points")
     p.add_argument("--hw", type=device_list, help="comma-separated devices (default: all datasheet devices)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes evaluating at once (default: the cores this process may use; 1: this process "
+                        "alone, the engine's single-core rate)")
     return p
 
 
 def main(argv=None) -> int:
     from tqdm import tqdm
+    from sim.runner.forked import can_fork, usable_cores
     from sim.sweep import evaluate
     a = build_parser().parse_args(argv)
+    workers = (a.workers or usable_cores()) if can_fork() else 1
     points = random_points(a.points, a.seed, a.hw)
     evaluate(points.head(64))                      # warm-up: device files, model specs, imports
     t0 = time.perf_counter()
@@ -88,12 +95,15 @@ def main(argv=None) -> int:
     with tqdm(total=len(points), unit="pt", unit_scale=True, file=sys.stderr, disable=progress_disabled()) as bar:
         for start in range(0, len(points), a.chunk):
             chunk = points.iloc[start:start + a.chunk]
-            out = evaluate(chunk)
+            out = evaluate(chunk, workers=workers)
             done += len(out)
             bar.update(len(out))
     elapsed = time.perf_counter() - t0
     rate = done / elapsed
-    print(f"{done:,} points in {elapsed:.2f} s on {platform.machine()} ({os.cpu_count()} cpus, one process): "
+    from sim.sweep.analytic import PARALLEL_MIN_POINTS
+    used = workers if min(a.chunk, len(points)) >= PARALLEL_MIN_POINTS else 1     # what evaluate() ran on
+    processes = "one process" if used == 1 else f"{used} processes"
+    print(f"{done:,} points in {elapsed:.2f} s on {platform.machine()} ({os.cpu_count()} cpus, {processes}): "
           f"{rate * 60:,.0f} points/minute")
     print(f"points_per_s={rate:.0f}")
     return 0

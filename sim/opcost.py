@@ -35,7 +35,19 @@ def compute_efficiency(hw, flops, peak):
     (hwmodels Device.compute_equivalent_flops): an fp32 GEMM on an A100 is looked up as the
     bf16 kernel that takes as long at peak, not as a 16x larger one; other devices return FLOPs
     as given."""
-    return hw.compute_efficiency(np.maximum(hw.compute_equivalent_flops(flops, peak), 1.0))
+    sizes = hw.compute_equivalent_flops(flops, peak)
+    fresh = sizes is not flops and isinstance(sizes, np.ndarray) and sizes.dtype == np.float64
+    sizes = np.maximum(sizes, 1.0, out=sizes) if fresh else np.maximum(sizes, 1.0)
+    if isinstance(sizes, np.ndarray) and sizes.dtype == np.float64:      # a temporary of this call
+        return _efficiency(hw, "compute_curve", sizes, hw.compute_efficiency)
+    return hw.compute_efficiency(sizes)
+
+
+def _efficiency(hw, curve: str, sizes: np.ndarray, fallback):
+    """A device curve at `sizes` (>= 1, float64, a temporary of the caller's it may overwrite): in place
+    where the device has the curve object (hwmodels curves' of_scratch; the same numbers), else `fallback`."""
+    of_scratch = getattr(getattr(hw, curve, None), "of_scratch", None)
+    return fallback(sizes) if of_scratch is None else of_scratch(sizes)
 
 
 def stream_flops(hw) -> float:
@@ -142,12 +154,15 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
     if hosts is None:
         hosts = kernel_hosts(ops)
     kernels = kernels_of(hosts) if hosts is not None else {}
-    sizes = nbytes
     if kernels:                     # a kernel streams all its ops' bytes: one size on the curve
         sizes = np.array(nbytes, dtype=float, copy=True)
         for h, inside in kernels.items():
             sizes[[h] + inside] = nbytes[h] + sum(nbytes[i] for i in inside)
-    b_eff = hw.bw_efficiency(np.maximum(sizes, 1.0))
+        sizes = np.maximum(sizes, 1.0, out=sizes)
+    else:
+        sizes = np.maximum(nbytes, 1.0)
+    scratch = isinstance(sizes, np.ndarray) and sizes.dtype == np.float64
+    b_eff = _efficiency(hw, "bw_curve", sizes, hw.bw_efficiency) if scratch else hw.bw_efficiency(sizes)
     if factors is not None:
         b_eff = b_eff * factors
     t_memory = nbytes / (hw.memory_bw * b_eff)

@@ -65,10 +65,11 @@ def drop_total_layer_axis(t: StepTotals) -> StepTotals:
 
 
 def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_override=None, keep_ops=False,
-             parts=("prefill", "decode"), decode_batch=None):
+             parts=("prefill", "decode"), decode_batch=None, detail=None):
     """ttft, tpot (mean over gen-1 decode steps), e2e, plus decode diagnostics; arrays of shape (P,).
     `parts` may skip the prefill or the decode (its outputs are then 0); `decode_batch` (default `batch`)
-    is the batch the decode runs at."""
+    is the batch the decode runs at; `detail` (default: all) the leading points whose decode diagnostics
+    (memory and compute seconds, KV bytes read, bound) are returned, shape (detail,)."""
     col = lambda a: np.asarray(a, float)[:, None, None]                      # (P, 1, 1)
     b, k, n, p, r = col(batch), col(beams), col(prompt), col(cache_ratio), col(recent_ratio)
     bd = b if decode_batch is None else col(decode_batch)
@@ -89,10 +90,12 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
     else:
         past, slots = np.asarray(kv_override, float)[None, :, :], s.model.n_layers
     dec_ops = forward_ops(make_ctx(s, "decode", bd, k, 1.0, past, p, r))
+    sums_of = None                                        # diagnostics of every point
     if pre_ops is not None and slots == 1 and keep_ops:  # both phases in one pass where their shapes agree
         pre, dec = (drop_layer_axis(t) for t in time_tables(s, [pre_ops, dec_ops], keep=keep))
     elif pre_ops is not None and slots == 1:             # only the sums are read: no per-op tables
-        pre, dec = (drop_total_layer_axis(t) for t in table_totals(s, [pre_ops, dec_ops], keep=keep))
+        sums_of = detail if detail is not None and detail < np.shape(b)[0] else None
+        pre, dec = (drop_total_layer_axis(t) for t in table_totals(s, [pre_ops, dec_ops], keep=keep, detail=sums_of))
     else:
         pre = None if pre_ops is None else drop_layer_axis(time_ops(s, pre_ops, keep=keep))
         dec = drop_layer_axis(time_ops(s, dec_ops, layer_slots=slots, keep=keep))
@@ -103,6 +106,8 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
     if lean:
         return dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot)
     totals = dec.totals() if isinstance(dec, TimedOps) else dec
+    if sums_of is not None and np.shape(weights)[0] > 1:  # the leading points' only
+        weights = weights[:sums_of]
     tm, tc = mean(totals.t_memory), mean(totals.t_compute)
     out = dict(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + t_steps * tpot,
                decode_memory_time_s=tm, decode_compute_time_s=tc,
@@ -126,7 +131,9 @@ def stacked_latency(s: Setup, prefill_batches, decode_batches, beams, prompt, ge
                  if np.ndim(getattr(s, f))}
     stacked = replace(s, **per_point) if per_point and k > 1 else s
     join = (lambda arrays: np.concatenate([np.asarray(a, float) for a in arrays])) if k > 1 else (lambda a: a[0])
+    # the stacked capacity batches are read for their TTFT and TPOT only: decode diagnostics of the points'
     return latency(stacked, join(prefill_batches), tile(beams), tile(prompt), tile(gen), tile(cache_ratio),
-                    tile(recent_ratio), kv_override, keep_ops=keep_ops, decode_batch=join(decode_batches))
+                    tile(recent_ratio), kv_override, keep_ops=keep_ops, decode_batch=join(decode_batches),
+                    detail=np.shape(prefill_batches[0])[0] if k > 1 else None)
 
 

@@ -159,8 +159,11 @@ def op_bytes(op: Op):
     return np.add(np.add(total, op.kv_read_bytes, dtype=float), op.kv_write_bytes, dtype=float)
 
 
-def _timed_part(s: Setup, ops: list[Op], layer_slots: int, keep, ndim: int | None = None):
-    """(per_op, t_compute, t_memory, fields) of `ops`, per op and layer slot times its occurrences."""
+def _timed_part(s: Setup, ops: list[Op], layer_slots: int, keep, ndim: int | None = None, detail: int | None = None):
+    """(per_op, t_compute, t_memory, fields) of `ops`, per op and layer slot times its occurrences; with
+    `detail`, t_compute, t_memory and fields only for the table's leading `detail` points (axis 1), the
+    only ones a caller reads them for (a sweep's capacity batches, stacked behind the points, need
+    step times alone): the same numbers there, a fraction of the work."""
     n_layers = s.model.n_layers
     columns = {"flops": stack([op.flops for op in ops]), "bytes": stack([op_bytes(op) for op in ops])}
     columns |= {f: stack([getattr(op, f) for op in ops]) for f in keep if f != "flops"}
@@ -173,25 +176,30 @@ def _timed_part(s: Setup, ops: list[Op], layer_slots: int, keep, ndim: int | Non
     # occurrences per layer slot: per-layer ops run n_layers times in all; the others once per step
     mult = np.array([n_layers / layer_slots if op.per_layer else 1.0 / layer_slots for op in ops]).reshape(-1, *extra)
     t_compute, t_memory, per_occurrence = kernel_seconds(s, ops, flops, nbytes, extra)
-    fields = {f: np.broadcast_to(columns[f], flops.shape) * mult for f in keep}
-    return per_occurrence * mult, t_compute * mult, t_memory * mult, fields
+    fields = {f: np.broadcast_to(columns[f], flops.shape) for f in keep}
+    if detail is not None and flops.ndim > 1:
+        cut = (slice(None), slice(0, detail))
+        t_compute, t_memory = t_compute[cut], t_memory[cut]
+        fields = {f: v[cut] for f, v in fields.items()}
+    return per_occurrence * mult, t_compute * mult, t_memory * mult, {f: v * mult for f, v in fields.items()}
 
 
-def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=None) -> TimedOps:
+def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=None, detail=None) -> TimedOps:
     """Roofline time per operator; the trailing axis is the layer-slot axis when `layer_slots` > 1.
 
     `keep` names the FLOP/byte columns to return (sweeps skip the ones no output needs). Ops smaller
-    than the table (node_partition) are timed at their own shape and broadcast into it."""
+    than the table (node_partition) are timed at their own shape and broadcast into it. `detail`: see
+    _timed_part."""
     shapes = op_shapes(ops) if shapes is None else shapes
     small = node_partition(ops, shapes)
     if small is None:
-        per_op, t_compute, t_memory, fields = _timed_part(s, ops, layer_slots, keep)
+        per_op, t_compute, t_memory, fields = _timed_part(s, ops, layer_slots, keep, detail=detail)
     else:
         chosen = set(small)
         large = [i for i in range(len(ops)) if i not in chosen]
         ndim = len(np.broadcast_shapes(*(shapes[i] for i in large)))
-        big = _timed_part(s, [ops[i] for i in large], layer_slots, keep)
-        little = _timed_part(s, [ops[i] for i in small], layer_slots, keep, ndim)
+        big = _timed_part(s, [ops[i] for i in large], layer_slots, keep, detail=detail)
+        little = _timed_part(s, [ops[i] for i in small], layer_slots, keep, ndim, detail)
 
         def merged(a, b):
             out = np.empty((len(ops),) + np.broadcast_shapes(a.shape[1:], b.shape[1:]))
@@ -206,7 +214,7 @@ def time_ops(s: Setup, ops: list[Op], layer_slots: int = 1, keep=FIELDS, shapes=
     return _timed_ops(s, ops, per_op, t_compute, t_memory, fields)
 
 
-def step_totals(s: Setup, ops: list[Op], keep=FIELDS, shapes=None) -> StepTotals:
+def step_totals(s: Setup, ops: list[Op], keep=FIELDS, shapes=None, detail=None) -> StepTotals:
     """time_ops(s, ops, keep=keep).totals() (one layer slot) without the per-op tables: where ops smaller
     than the table are timed at their own shape (node_partition), their rows are added into the sums
     as they are, in op order, instead of first being broadcast into a full table. The same numbers: a sum
@@ -214,16 +222,16 @@ def step_totals(s: Setup, ops: list[Op], keep=FIELDS, shapes=None) -> StepTotals
     shapes = op_shapes(ops) if shapes is None else shapes
     small = node_partition(ops, shapes)
     if small is None:
-        return time_ops(s, ops, keep=keep, shapes=shapes).totals()
+        return time_ops(s, ops, keep=keep, shapes=shapes, detail=detail).totals()
     chosen = set(small)
     large = [i for i in range(len(ops)) if i not in chosen]
     ndim = len(np.broadcast_shapes(*(shapes[i] for i in large)))
-    big = _timed_part(s, [ops[i] for i in large], 1, keep)
-    little = _timed_part(s, [ops[i] for i in small], 1, keep, ndim)
+    big = _timed_part(s, [ops[i] for i in large], 1, keep, detail=detail)
+    little = _timed_part(s, [ops[i] for i in small], 1, keep, ndim, detail)
     row = {i: (big, j) for j, i in enumerate(large)} | {i: (little, j) for j, i in enumerate(small)}
-    full = np.broadcast_shapes(big[0].shape[1:], little[0].shape[1:])
 
     def ordered_sum(pick):
+        full = np.broadcast_shapes(pick(big).shape[1:], pick(little).shape[1:])
         part, j = row[0]
         total = np.array(np.broadcast_to(pick(part)[j], full))
         for i in range(1, len(ops)):
@@ -241,19 +249,19 @@ def _timed_ops(s: Setup, ops: list[Op], per_op, t_compute, t_memory, fields) -> 
                     [op.fused_into for op in ops])
 
 
-def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS, shapes=None) -> list[TimedOps]:
+def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS, shapes=None, detail=None) -> list[TimedOps]:
     """time_ops of each op list (one layer slot), in one pass over the operator tables when all their ops
     share a shape (a prefill and an evicting policy's decode: one roofline evaluation instead of two);
-    the same numbers either way, since every formula is elementwise per op."""
+    the same numbers either way, since every formula is elementwise per op. `detail`: see _timed_part."""
     ops = [op for table in tables for op in table]
     shapes = op_shapes(ops) if shapes is None else shapes
     if len(set(shapes)) > 1:
         out, start = [], 0
         for table in tables:
-            out.append(time_ops(s, table, keep=keep, shapes=shapes[start:start + len(table)]))
+            out.append(time_ops(s, table, keep=keep, shapes=shapes[start:start + len(table)], detail=detail))
             start += len(table)
         return out
-    per_op, t_compute, t_memory, fields = _timed_part(s, ops, 1, keep)
+    per_op, t_compute, t_memory, fields = _timed_part(s, ops, 1, keep, detail=detail)
     out, start = [], 0
     for table in tables:
         rows = slice(start, start + len(table))
@@ -263,16 +271,16 @@ def time_tables(s: Setup, tables: list[list[Op]], keep=FIELDS, shapes=None) -> l
     return out
 
 
-def table_totals(s: Setup, tables: list[list[Op]], keep=FIELDS) -> list[StepTotals]:
-    """[t.totals() for t in time_tables(s, tables, keep)], without per-op tables where a table's ops
-    differ in shape (step_totals)."""
+def table_totals(s: Setup, tables: list[list[Op]], keep=FIELDS, detail=None) -> list[StepTotals]:
+    """[t.totals() for t in time_tables(s, tables, keep, detail=detail)], without per-op tables where a
+    table's ops differ in shape (step_totals)."""
     ops = [op for table in tables for op in table]
     shapes = op_shapes(ops)
     if len(set(shapes)) == 1:
-        return [t.totals() for t in time_tables(s, tables, keep=keep, shapes=shapes)]
+        return [t.totals() for t in time_tables(s, tables, keep=keep, shapes=shapes, detail=detail)]
     out, start = [], 0
     for table in tables:
-        out.append(step_totals(s, table, keep=keep, shapes=shapes[start:start + len(table)]))
+        out.append(step_totals(s, table, keep=keep, shapes=shapes[start:start + len(table)], detail=detail))
         start += len(table)
     return out
 

@@ -160,3 +160,25 @@ def test_every_grid_axis_lists_a_design_point_field():
     assert set(AXIS_FIELDS) == {f.name for f in fields(GridConfig)} == set(AXIS_HELP)
     assert set(AXIS_FIELDS.values()) <= {f.name for f in fields(DesignPoint)}
     assert (_item_type("cache_ratio"), _item_type("batch"), _item_type("kv_dtype")) == (float, int, str)
+
+
+def test_workers_give_one_processs_numbers_bit_for_bit(monkeypatch):
+    """evaluate(workers=2): the engine calls spread over two forked processes (sim.runner.forked) give the
+    single process's outputs exactly, and the same first error."""
+    import sim.sweep.analytic as analytic
+    from sim.bench import random_points
+    from sim.runner.forked import can_fork
+    if not can_fork():
+        pytest.skip("this platform cannot fork")
+    points = random_points(4000, seed=5, devices=["h100-sxm", "l4", "a100-80g-sxm"])
+    monkeypatch.setattr(analytic, "BLOCK_POINTS", {"evicting": 150, "growing": 90})
+    single = evaluate(points)
+    monkeypatch.setattr(analytic, "PARALLEL_MIN_POINTS", 100)
+    pd.testing.assert_frame_equal(evaluate(points, workers=2), single, check_exact=True)
+    bad = points.copy()
+    bad.loc[bad.index[-1], "batch"] = 0                 # one bad point late in the table
+    with pytest.raises(ValueError) as serial:
+        evaluate(bad)
+    with pytest.raises(ValueError) as parallel:
+        evaluate(bad, workers=2)
+    assert str(parallel.value) == str(serial.value) == "batch must be >= 1"
