@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -158,8 +159,15 @@ class ModelSpec:
     def weight_bytes_at(self, nbytes):
         """Bytes of the weights at `nbytes` per quantised parameter (a float or an array): the linear layers at
         that size, the unquantised_params at 16 bits or more."""
+        quantised, held = self._param_split
+        return quantised * nbytes + held * unquantised_bytes(nbytes)
+
+    @cached_property
+    def _param_split(self) -> tuple[int, int]:
+        """(quantised, unquantised) parameter counts, counted once per spec (the engine asks per memory read).
+        cached_property writes the instance's __dict__, which a frozen dataclass allows."""
         held = self.unquantised_params()
-        return (self.n_params() - held) * nbytes + held * unquantised_bytes(nbytes)
+        return self.n_params() - held, held
 
     def weight_bytes(self, dtype: str = "bf16") -> float:
         return float(self.weight_bytes_at(dtype_bytes(dtype)))

@@ -19,7 +19,8 @@ shards: a rerun loads them, computes only the points no shard holds, and never c
 (duplicate points within one sweep are computed once, too). At most one chunk per worker is lost to an
 interruption; chunks are sized so that is a second or two of work.
 
-Modules: identity (code version, point keys), cache (ResultCache), executors (local, processes, Dask);
+Modules: identity (code version, point keys), cache (ResultCache), executors (local, processes, Dask),
+forked (one computation's pieces on forked processes, results in shared memory: sim.sweep.evaluate's workers);
 this package holds the run loop (`run_points`) and re-exports the rest.
 """
 from __future__ import annotations
