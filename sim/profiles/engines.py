@@ -10,7 +10,8 @@ command, the files' hashes, the date and each term's value and provenance.
 
 How each term enters (docs/sim.md "Engine profiles"):
   - step_overhead_s, launch_overhead_s   TensorRT-LLM's C++ runtime (classic): per step (sampling, scheduling,
-                         host syncs) and per kernel launch (the gap between kernels in the stream).
+                         host syncs) and per kernel launch (the gap between kernels in the stream);
+                         context_overhead_s: per context (prefill) pass on top (the new requests' setup).
   - the PyTorch backend (TensorRT-LLM 0.20+): decode steps replay CUDA graphs and the overlap scheduler
                          hides host work (pytorch_runtime below: derived, not fitted).
   - vllm_v0_step_s, vllm_v0_seq_s; vllm_v1_step_s, vllm_v1_seq_s   vLLM's host work per step and per
@@ -55,7 +56,7 @@ RUNTIMES = ("classic", "pytorch", "vllm-v0", "vllm-v1")
 DEFAULT_RUNTIME = {"trtllm": "classic", "vllm": "vllm-v1"}
 # the host terms each runtime's profile is built from (make_profile: the PyTorch backend then hides the step
 # term and caps the launch term at the CUDA-graph gap; vLLM's are per step and per running sequence)
-RUNTIME_HOST_TERMS = {"classic": ("step_overhead_s", "launch_overhead_s"),
+RUNTIME_HOST_TERMS = {"classic": ("step_overhead_s", "launch_overhead_s", "context_overhead_s"),
                       "pytorch": ("step_overhead_s", "launch_overhead_s"),
                       "vllm-v0": ("vllm_v0_step_s", "vllm_v0_seq_s"), "vllm-v1": ("vllm_v1_step_s", "vllm_v1_seq_s")}
 
@@ -80,6 +81,10 @@ TERMS = (
     Term("step_overhead_s", "s", 0.0, 0.010, 1e-3,
          "device files' host_overhead assumption (1 ms per step, hwmodels/devices/*.yaml)",
          "TensorRT-LLM C++ runtime: per-step time outside the kernels (sampling, scheduling, host syncs)"),
+    Term("context_overhead_s", "s", 0.0, 0.010, 0.0,
+         "none assumed before this term existed (the step and launch terms were all the runtime's host time)",
+         "TensorRT-LLM C++ runtime: fixed time of a context (prefill) pass on top of the step's: preparing the "
+         "new requests' inputs and KV blocks before the kernels run, and the first token's return"),
     Term("launch_overhead_s", "s", 0.5e-6, 8e-6, 4e-6,
          "device files' launch_overhead assumption (4 us, hwmodels/devices/*.yaml); bounds: a CUDA launch "
          "gap is 1-5 us typically",
@@ -291,6 +296,17 @@ def _host_per_seq(seconds: float):
     return ops
 
 
+def _context_setup(seconds: float):
+    """extra_prefill_ops: the classic runtime's fixed time per context pass as an operator row (shown in
+    breakdowns): one 'FLOP' per pass at a rate of one per `seconds` of the op's peak, like _host_per_seq."""
+    def ops(ctx):
+        if ctx.hw is None or not hasattr(ctx.hw, "peak_flops"):
+            return []
+        return [Op("context_setup", False, flops=1.0, launches=0.0,
+                   compute_eff=1.0 / (seconds * _act_peak(ctx.hw, ctx.ab)))]
+    return ops
+
+
 # CUDA-graph replay (TensorRT-LLM's PyTorch backend, vLLM's decode): a kernel pays only the GPU-side gap
 # between kernels, not a host launch; an assumption (about 1 us between graph-replayed kernels), not fitted.
 PYTORCH_RUNTIME_KERNEL_GAP_S = 1e-6
@@ -307,7 +323,8 @@ def pytorch_runtime(profile: Profile) -> Profile:
     variant = dataclasses.replace(profile, name=f"{profile.name}-pytorch",
                                   description=profile.description + "; PyTorch-backend runtime (CUDA graphs, overlap "
                                   "scheduler: sim/profiles/engines.py pytorch_runtime)",
-                                  launch_overhead_s=min(launch, PYTORCH_RUNTIME_KERNEL_GAP_S), host_overhead_s=0.0)
+                                  launch_overhead_s=min(launch, PYTORCH_RUNTIME_KERNEL_GAP_S), host_overhead_s=0.0,
+                                  extra_prefill_ops=None)   # the classic runtime's context_setup: hidden too
     _RUNTIME_VARIANTS[id(profile)] = (profile, variant)
     return variant
 
@@ -336,6 +353,7 @@ def make_profile(engine: str, values: dict, name: str | None = None, runtime: st
         raise ValueError(f"unknown runtime {runtime!r}; runtimes: {', '.join(RUNTIMES)}")
     kernels = kernels or Kernels(engine)
     host, launch, per_seq = v["step_overhead_s"], v["launch_overhead_s"], 0.0
+    context = v["context_overhead_s"] if runtime == "classic" else 0.0
     if runtime in ("vllm-v0", "vllm-v1"):
         step, seq = RUNTIME_HOST_TERMS[runtime]
         host, launch, per_seq = v[step], PYTORCH_RUNTIME_KERNEL_GAP_S, v[seq]
@@ -343,7 +361,8 @@ def make_profile(engine: str, values: dict, name: str | None = None, runtime: st
                                                       f"; runtime {runtime}")
     profile = Profile(name=name or engine, description=description, launches=FUSED_LAUNCHES,
                       host_overhead_s=host, launch_overhead_s=launch, adjust_ops=_adjuster(v, kernels),
-                      extra_decode_ops=_host_per_seq(per_seq) if per_seq > 0 else None, engine=engine,
+                      extra_decode_ops=_host_per_seq(per_seq) if per_seq > 0 else None,
+                      extra_prefill_ops=_context_setup(context) if context > 0 else None, engine=engine,
                       terms=tuple(sorted(v.items())))
     return pytorch_runtime(profile) if runtime == "pytorch" else profile
 

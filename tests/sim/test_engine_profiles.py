@@ -124,6 +124,25 @@ def test_pytorch_runtime_hides_launches_and_host_work_but_not_the_kernels():
     assert t_var >= floor
 
 
+def test_context_overhead_is_paid_once_per_prefill_pass_by_the_classic_runtime_only():
+    """context_overhead_s: a classic-runtime prefill pass costs exactly that much more (one operator row,
+    `context_setup`); decode steps and the PyTorch backend do not pay it."""
+    values = dict(pe.prior_values(), context_overhead_s=2e-3)
+    kw = dict(batch=np.array([1.0, 8.0]), prompt=np.array([128.0, 2048.0]), gen=np.array([64.0, 64.0]),
+              with_capacity=False)
+
+    def run(profile):
+        return engine.evaluate("h100-sxm", "llama-3-8b", "full", profile=profile, **kw)
+
+    with_term, without = run(pe.make_profile("trtllm", values)), run(pe.make_profile("trtllm", pe.prior_values()))
+    np.testing.assert_allclose(with_term["ttft_s"] - without["ttft_s"], 2e-3, rtol=1e-9)
+    np.testing.assert_array_equal(with_term["tpot_s"], without["tpot_s"])
+    pytorch = run(pe.make_profile("trtllm", values, runtime="pytorch"))
+    np.testing.assert_array_equal(pytorch["ttft_s"], run(pe.make_profile("trtllm", pe.prior_values(),
+                                                                         runtime="pytorch"))["ttft_s"])
+    assert pe.pytorch_runtime(pe.make_profile("trtllm", values)).extra_prefill_ops is None
+
+
 @needs_csv
 def test_published_rows_name_their_runtime():
     rows = pg.load_rows()
