@@ -131,7 +131,8 @@ def stacked_latency(s: Setup, prefill_batches, decode_batches, beams, prompt, ge
                  if np.ndim(getattr(s, f))}
     stacked = replace(s, **per_point) if per_point and k > 1 else s
     join = (lambda arrays: np.concatenate([np.asarray(a, float) for a in arrays])) if k > 1 else (lambda a: a[0])
-    # the stacked capacity batches are read for their TTFT and TPOT only: decode diagnostics of the points'
+    # the stacked capacity batches are read for their TTFT and TPOT only: decode diagnostics (memory and
+    # compute seconds, KV bytes) are summed for the points at their own batch, the leading entry
     return latency(stacked, join(prefill_batches), tile(beams), tile(prompt), tile(gen), tile(cache_ratio),
                     tile(recent_ratio), kv_override, keep_ops=keep_ops, decode_batch=join(decode_batches),
                     detail=np.shape(prefill_batches[0])[0] if k > 1 else None)

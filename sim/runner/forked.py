@@ -1,8 +1,8 @@
 """One computation on several processes at once: worker 0 is this process, the others forked children,
 all taking pieces of work from one `SharedCounter` and writing results into memory the parent sees
-(`shared_empty`). For work whose inputs are already in
-memory (a sweep's sorted points): a fork inherits them, and its results need no pickling, unlike a
-spawned pool's (sim.runner.executors), which pays an interpreter start and a copy of its chunk per task.
+(`shared_empty`). For work whose inputs are already in memory (a sweep's sorted points): a fork inherits
+them, and its results need no pickling, unlike a spawned pool's (sim.runner.executors), which pays an
+interpreter start and a copy of its chunk per task.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def can_fork() -> bool:
 
 def shared_empty(n: int, dtype) -> np.ndarray:
     """An uninitialised array of n items in anonymous shared memory: what a forked child writes into it,
-    the parent reads (an ordinary array otherwise; its memory lives as long as the array)."""
+    the parent reads. Otherwise an ordinary writable array; its memory lives as long as the array does."""
     dtype = np.dtype(dtype)
     buffer = mmap.mmap(-1, max(1, n * dtype.itemsize))       # MAP_SHARED | MAP_ANONYMOUS
     return np.frombuffer(buffer, dtype=dtype, count=n)
