@@ -94,7 +94,9 @@ def latency(s: Setup, batch, beams, prompt, gen, cache_ratio, recent_ratio, kv_o
     if pre_ops is not None and slots == 1 and keep_ops:  # both phases in one pass where their shapes agree
         pre, dec = (drop_layer_axis(t) for t in time_tables(s, [pre_ops, dec_ops], keep=keep))
     elif pre_ops is not None and slots == 1:             # only the sums are read: no per-op tables
-        sums_of = detail if detail is not None and detail < np.shape(b)[0] else None
+        # (not for a single point at one node: numpy sums a table whose other axes are all 1 pairwise, not
+        # row after row as it sums the stacked table, and the last bit would differ)
+        sums_of = detail if detail is not None and detail < np.shape(b)[0] and detail * np.shape(nodes)[-1] > 1 else None
         pre, dec = (drop_total_layer_axis(t) for t in table_totals(s, [pre_ops, dec_ops], keep=keep, detail=sums_of))
     else:
         pre = None if pre_ops is None else drop_layer_axis(time_ops(s, pre_ops, keep=keep))
