@@ -7,7 +7,7 @@ import numpy as np
 
 from sim.engine.setup import Setup, make_ctx, make_setup
 from sim.engine.timing import step_time_scalar
-from sim.ops import dense_ops, group_ops
+from sim.ops import dense_ops, group_ops, once_per_step
 
 _DENSE_MEMO: dict = {}
 
@@ -68,7 +68,7 @@ def mixed_step_time(hw, model, decode_kv_tokens, chunks, *, weight_dtype="bf16",
     tokens = sum(g.rows * g.new_tokens for g in groups)
     logit_rows = sum(g.rows for g in groups)
     dense = dense_time(s, logit_rows, float(beams), tokens / logit_rows)
-    return dense + step_time_scalar(s, [op for g in groups for op in group_ops(g)])
+    return dense + step_time_scalar(s, once_per_step([op for g in groups for op in group_ops(g)]))
 
 
 def prefill_time(hw, model, chunks, *, weight_dtype="bf16", kv_dtype="bf16", policy="full", profile="auto",

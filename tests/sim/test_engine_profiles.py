@@ -141,6 +141,11 @@ def test_context_overhead_is_paid_once_per_prefill_pass_by_the_classic_runtime_o
     np.testing.assert_array_equal(pytorch["ttft_s"], run(pe.make_profile("trtllm", pe.prior_values(),
                                                                          runtime="pytorch"))["ttft_s"])
     assert pe.pytorch_runtime(pe.make_profile("trtllm", values)).extra_prefill_ops is None
+    # a DES step holding several requests' prefill chunks is one context pass: the term once, not per chunk
+    from sim.engine.steps import mixed_step_time
+    for chunks in ([(512, 0)], [(512, 0), (256, 0), (128, 1024, False)]):
+        step = lambda v: mixed_step_time("h100-sxm", "llama-3-8b", [300.0] * 4, chunks, profile=pe.make_profile("trtllm", v))
+        assert step(values) - step(pe.prior_values()) == pytest.approx(2e-3, rel=1e-9)
 
 
 @needs_csv
