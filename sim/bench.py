@@ -100,8 +100,8 @@ def main(argv=None) -> int:
             bar.update(len(out))
     elapsed = time.perf_counter() - t0
     rate = done / elapsed
-    from sim.sweep.analytic import PARALLEL_MIN_POINTS
-    used = workers if min(a.chunk, len(points)) >= PARALLEL_MIN_POINTS else 1     # what evaluate() ran on
+    from sim.sweep.analytic import parallel_workers
+    used = parallel_workers(min(a.chunk, len(points)), workers)            # what evaluate() ran on
     processes = "one process" if used == 1 else f"{used} processes"
     print(f"{done:,} points in {elapsed:.2f} s on {platform.machine()} ({os.cpu_count()} cpus, {processes}): "
           f"{rate * 60:,.0f} points/minute")

@@ -49,6 +49,9 @@ class Op:
     compute_eff: Any = None
     compute_scale: Any = None
     bw_scale: Any = None
+    # a step runs it once however many of its groups (requests' prefill chunks, the decodes) add it, e.g. the
+    # classic TensorRT-LLM runtime's context setup, per context pass (sim.ops.once_per_step)
+    once_per_step: bool = False
 
 
 @dataclass(slots=True)

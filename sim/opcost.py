@@ -37,17 +37,18 @@ def compute_efficiency(hw, flops, peak):
     as given."""
     sizes = hw.compute_equivalent_flops(flops, peak)
     fresh = sizes is not flops and isinstance(sizes, np.ndarray) and sizes.dtype == np.float64
-    sizes = np.maximum(sizes, 1.0, out=sizes) if fresh else np.maximum(sizes, 1.0)
-    if isinstance(sizes, np.ndarray) and sizes.dtype == np.float64:      # a temporary of this call
-        return _efficiency(hw, "compute_curve", sizes, hw.compute_efficiency)
-    return hw.compute_efficiency(sizes)
+    sizes = np.maximum(sizes, 1.0, out=sizes) if fresh else np.maximum(sizes, 1.0)     # a temporary of this call
+    return _efficiency(hw, "compute_curve", sizes, hw.compute_efficiency)
 
 
-def _efficiency(hw, curve: str, sizes: np.ndarray, fallback):
-    """A device curve at `sizes` (>= 1, float64, a temporary of the caller's it may overwrite): in place
-    where the device has the curve object (hwmodels curves' of_scratch; the same numbers), else `fallback`."""
+def _efficiency(hw, curve: str, sizes, fallback):
+    """A device curve at `sizes` (>= 1, a temporary of the caller's it may overwrite): in place where it is a
+    float64 array and the device has the curve object (hwmodels curves' of_scratch; the same numbers), else
+    `fallback(sizes)`."""
     of_scratch = getattr(getattr(hw, curve, None), "of_scratch", None)
-    return fallback(sizes) if of_scratch is None else of_scratch(sizes)
+    if of_scratch is None or not (isinstance(sizes, np.ndarray) and sizes.dtype == np.float64):
+        return fallback(sizes)
+    return of_scratch(sizes)
 
 
 def stream_flops(hw) -> float:
@@ -161,8 +162,7 @@ def op_costs(s, ops, flops, nbytes, factors=None, hosts=None):
         sizes = np.maximum(sizes, 1.0, out=sizes)
     else:
         sizes = np.maximum(nbytes, 1.0)
-    scratch = isinstance(sizes, np.ndarray) and sizes.dtype == np.float64
-    b_eff = _efficiency(hw, "bw_curve", sizes, hw.bw_efficiency) if scratch else hw.bw_efficiency(sizes)
+    b_eff = _efficiency(hw, "bw_curve", sizes, hw.bw_efficiency)
     if factors is not None:
         b_eff = b_eff * factors
     t_memory = nbytes / (hw.memory_bw * b_eff)

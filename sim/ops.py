@@ -87,18 +87,13 @@ def attention_ops(ctx: OpContext) -> list[Op]:
     ]
 
 
-# Operators a step runs once however many groups (requests' prefill chunks, the decodes) it holds: the
-# classic TensorRT-LLM runtime's context setup (sim/profiles/engines.py) is per context pass, not per request.
-PER_STEP_OPS = frozenset({"context_setup"})
-
-
 def once_per_step(ops: list[Op]) -> list[Op]:
-    """A mixed step's ops with each PER_STEP_OPS operator kept at its first occurrence only."""
-    if not any(op.name in PER_STEP_OPS for op in ops):
+    """A mixed step's ops with each Op.once_per_step operator kept at its first occurrence only."""
+    if not any(op.once_per_step for op in ops):
         return ops
     seen, out = set(), []
     for op in ops:
-        if op.name in PER_STEP_OPS:
+        if op.once_per_step:
             if op.name in seen:
                 continue
             seen.add(op.name)

@@ -15,6 +15,8 @@ import multiprocessing
 from dataclasses import replace
 from multiprocessing.connection import wait
 
+from sim.runner.forked import can_fork, child
+
 
 def burst(cfg, slo, count: int):
     """Every request at once: (Probe, ServeResult)."""
@@ -51,18 +53,9 @@ def converge_measure(cfg, slo, qps: float, n0: int, max_requests: int, warmup_s:
 def default_workers() -> int:
     """Both cores of a two-core machine (at most 2: a bisection has little to run ahead); one inside a worker
     process of something else (a daemon process cannot start its own) or where processes cannot fork."""
-    if multiprocessing.current_process().daemon or "fork" not in multiprocessing.get_all_start_methods():
+    if not can_fork():
         return 1
     return max(1, min(2, multiprocessing.cpu_count()))
-
-
-def _child(conn, fn, args) -> None:
-    try:
-        conn.send((True, fn(*args)))
-    except BaseException as exc:          # the parent raises it (a user error keeps its one line)
-        conn.send((False, exc))
-    finally:
-        conn.close()
 
 
 class Runs:
@@ -71,16 +64,16 @@ class Runs:
     stopped, so guesses never hold a worker the search needs. One worker: each run in this process."""
 
     def __init__(self, workers: int = 1):
-        can_fork = "fork" in multiprocessing.get_all_start_methods()
-        self.workers = max(1, int(workers)) if can_fork else 1
+        forkable = "fork" in multiprocessing.get_all_start_methods()
+        self.workers = max(1, int(workers)) if forkable else 1
         # fork: the children inherit the loaded models, devices and step-time memos
-        self._ctx = multiprocessing.get_context("fork") if can_fork else None
+        self._ctx = multiprocessing.get_context("fork") if forkable else None
         self._running: dict = {}           # key -> (process, connection)
         self._results: dict = {}           # key -> (ok, value) of finished runs not yet taken
 
     def _spawn(self, key, fn, args) -> None:
         receive, send = self._ctx.Pipe(duplex=False)
-        process = self._ctx.Process(target=_child, args=(send, fn, args), daemon=True)
+        process = self._ctx.Process(target=child, args=(send, fn, args), daemon=True)
         process.start()
         send.close()
         self._running[key] = (process, receive)

@@ -284,26 +284,16 @@ def _adjuster(v: dict, kernels: Kernels):
     return adjust_ops
 
 
-def _host_per_seq(seconds: float):
-    """extra_decode_ops: the host's per-sequence work of a decode step as an operator row (so breakdowns
-    show it): one 'FLOP' per sequence at a rate of one per `seconds` (of the op's peak: the activation dtype's,
-    per point when the points mix dtypes)."""
+def _host_op(name: str, seconds: float, per_sequence: bool):
+    """An extra_*_ops hook: host time as an operator row (so breakdowns show it), one 'FLOP' per running
+    sequence (`per_sequence`: vLLM's per-sequence work of a decode step) or per pass (the classic TensorRT-LLM
+    runtime's context setup, once per step however many prefill chunks it holds) at a rate of one per
+    `seconds` of the op's peak (the activation dtype's, per point when the points mix dtypes)."""
     def ops(ctx):
         if ctx.hw is None or not hasattr(ctx.hw, "peak_flops"):
             return []
-        return [Op("host_per_seq", False, flops=ctx.rows, launches=0.0,
-                   compute_eff=1.0 / (seconds * _act_peak(ctx.hw, ctx.ab)))]
-    return ops
-
-
-def _context_setup(seconds: float):
-    """extra_prefill_ops: the classic runtime's fixed time per context pass as an operator row (shown in
-    breakdowns): one 'FLOP' per pass at a rate of one per `seconds` of the op's peak, like _host_per_seq."""
-    def ops(ctx):
-        if ctx.hw is None or not hasattr(ctx.hw, "peak_flops"):
-            return []
-        return [Op("context_setup", False, flops=1.0, launches=0.0,
-                   compute_eff=1.0 / (seconds * _act_peak(ctx.hw, ctx.ab)))]
+        return [Op(name, False, flops=ctx.rows if per_sequence else 1.0, launches=0.0,
+                   compute_eff=1.0 / (seconds * _act_peak(ctx.hw, ctx.ab)), once_per_step=not per_sequence)]
     return ops
 
 
@@ -361,8 +351,9 @@ def make_profile(engine: str, values: dict, name: str | None = None, runtime: st
                                                       f"; runtime {runtime}")
     profile = Profile(name=name or engine, description=description, launches=FUSED_LAUNCHES,
                       host_overhead_s=host, launch_overhead_s=launch, adjust_ops=_adjuster(v, kernels),
-                      extra_decode_ops=_host_per_seq(per_seq) if per_seq > 0 else None,
-                      extra_prefill_ops=_context_setup(context) if context > 0 else None, engine=engine,
+                      extra_decode_ops=_host_op("host_per_seq", per_seq, True) if per_seq > 0 else None,
+                      extra_prefill_ops=_host_op("context_setup", context, False) if context > 0 else None,
+                      engine=engine,
                       terms=tuple(sorted(v.items())))
     return pytorch_runtime(profile) if runtime == "pytorch" else profile
 

@@ -50,9 +50,10 @@ class SharedCounter:
         return taken
 
 
-def _child(conn, fn, worker) -> None:
+def child(conn, fn, args) -> None:
+    """A forked child's body: fn(*args) sent back through `conn` as (True, result), or (False, exception)."""
     try:
-        conn.send((True, fn(worker)))
+        conn.send((True, fn(*args)))
     except BaseException as exc:          # the parent raises it (a user error keeps its one line)
         conn.send((False, exc))
     finally:
@@ -70,7 +71,7 @@ def run_forked(fn: Callable[[int], object], workers: int) -> list:
     try:
         for k in range(1, workers):
             receive, send = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=_child, args=(send, fn, k), daemon=True)
+            process = ctx.Process(target=child, args=(send, fn, (k,)), daemon=True)
             process.start()
             send.close()
             children.append((process, receive))

@@ -51,7 +51,7 @@ def evaluate(points: pd.DataFrame, progress: bool = False, workers: int = 1) -> 
     keys = list(counts.index)
     calls = [(j, part) for j, key in enumerate(keys)    # one engine call per block of a group
              for part in blocks(bounds[j], bounds[j + 1], block_points(key[2]))]
-    workers = max(1, min(int(workers), len(calls))) if n >= PARALLEL_MIN_POINTS else 1
+    workers = min(parallel_workers(n, workers), max(1, len(calls)))
     # outputs in the points' own order: each call scatters into its points' rows (one pass per column);
     # decode_bound is derived once at the end from the two times it compares (latency: memory >= compute)
     numeric = [c for c in OUTPUT_COLUMNS if c != "decode_bound"]
@@ -95,6 +95,11 @@ def evaluate(points: pd.DataFrame, progress: bool = False, workers: int = 1) -> 
 
 # Below this many points a sweep stays in one process whatever `workers` says: a fork costs ~10-30 ms.
 PARALLEL_MIN_POINTS = 50_000
+
+
+def parallel_workers(points: int, workers: int) -> int:
+    """The processes evaluate() runs `points` points on when asked for `workers` (at most that many calls)."""
+    return max(1, int(workers)) if points >= PARALLEL_MIN_POINTS else 1
 # Relative cost of an engine call (docs/performance.md: ~1.5 ms fixed, then ~2.5 us per point of an
 # evicting policy, ~7 us of a growing cache): the workers take the dearest calls first, so the last
 # calls, when one worker may already be idle, are short ones.
