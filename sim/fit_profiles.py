@@ -12,6 +12,12 @@ bounded robust least squares (soft-L1) on log(predicted / measured), from the pr
 Every row is predicted through the engine as it is now, as it was measured (sim.validation.published_gpu:
 static batches, in-flight-batching steady states, capped servers, request rates).
 
+Request-rate rows are predicted through the DES, which is too slow (seconds a run) for the Jacobian's
+thousands of evaluations. The descent runs on their closed-form stand-in (Little's law) times a factor per row,
+DES / Little's law at the current terms; after each descent the factors are evaluated again at the new terms
+and the descent repeated from there, until no factor moves by more than DES_TOL (at most DES_ROUNDS rounds).
+At the end each such row's fitted prediction is its DES value at the fitted terms.
+
 Leave-one-family-out (LOFO): for every source family (sim/validation/sources.yaml: TensorRT-LLM static
 tables, TensorRT-LLM in-flight tables, vLLM, QServe baselines, blogs) the terms are fitted again without its
 rows and its rows predicted with those terms; the file keeps each fold's terms so `python -m sim.validate` can
@@ -48,6 +54,8 @@ MAX_ITER = 20
 LOSS_SCALE = 0.05              # soft-L1 knee on the log error: a few rows the physics cannot reach do not drag
 PRIOR_WEIGHT = 1e-2            # a faint pull towards the priors: a term no row constrains stays at its prior
 KERNEL_WEIGHT = 1.0            # a kernel row weighs as much as an engine row
+DES_ROUNDS = 4                 # descents with the request-rate rows' DES factors re-evaluated between them
+DES_TOL = 0.005                # ... until none moves by more than this (relative)
 
 
 def _all_values(z) -> dict[str, float]:
@@ -84,8 +92,9 @@ class Problem:
     """Engine rows and kernel rows with their measured values; predictions memoised per row on the values of
     the terms it depends on."""
 
-    def __init__(self, rows, kernel_rows):
+    def __init__(self, rows, kernel_rows, des_factors: dict | None = None):
         self.rows, self.kernel_rows = list(rows), list(kernel_rows)
+        self.factors = des_factors or {}      # row index -> DES / Little's law (request-rate rows)
         self.measured = np.array([r.value for r in self.rows] + [k.value for k in self.kernel_rows], float)
         self.deps = [tuple(sorted(row_terms(r))) for r in self.rows]
         self.memo: dict = {}
@@ -105,8 +114,8 @@ class Problem:
             hit = self.memo.get(key)
             if hit is None:
                 profile = profile or self._profile(values)
-                hit = self.memo[key] = pg.predict_row(r, profile)
-            out[i] = hit
+                hit = self.memo[key] = pg.predict_row(r, profile, des=False)
+            out[i] = hit * self.factors.get(i, 1.0)
         n = len(self.rows)
         for j, k in enumerate(self.kernel_rows):
             out[n + j] = pk.predict_kernel(k, values)
@@ -160,12 +169,28 @@ def fit_terms(rows, kernel_rows) -> dict[str, float]:
         cost, z = bf.descend(problem.residuals, z0, MAX_ITER, jacobian=problem.jacobian)
         if best is None or cost < best[0]:
             best = (cost, z)
-    return _all_values(best[1])
+    z, factors = best[1], {}
+    for _ in range(DES_ROUNDS):
+        new = des_factors(rows, _all_values(z))
+        if all(abs(f / factors.get(i, 1.0) - 1.0) <= DES_TOL for i, f in new.items()):
+            break
+        factors = new
+        problem = Problem(rows, kernel_rows, factors)
+        _, z = bf.descend(problem.residuals, z, MAX_ITER, jacobian=problem.jacobian)
+    return _all_values(z)
 
 
-def predictions(rows, values: dict) -> np.ndarray:
+def des_factors(rows, values: dict) -> dict[int, float]:
+    """DES over Little's law for each request-rate row at these terms (row index -> factor)."""
     profile = pe.make_profile(FIT_ENGINE, values, name=f"{FIT_ENGINE}-fit")
-    return np.array([pg.predict_row(r, profile) for r in rows])
+    return {i: pg.predict_row(r, profile) / pg.predict_row(r, profile, des=False)
+            for i, r in enumerate(rows) if pg.is_rate_row(r)}
+
+
+def predictions(rows, values: dict, des: bool = True) -> np.ndarray:
+    """Each row's prediction at these terms (`des=False`: request-rate rows by Little's law)."""
+    profile = pe.make_profile(FIT_ENGINE, values, name=f"{FIT_ENGINE}-fit")
+    return np.array([pg.predict_row(r, profile, des) for r in rows])
 
 
 def _fold(args):
@@ -194,11 +219,11 @@ def run_fit(csvs, kernels: Path, workers: int = 2) -> dict:
         idx = [i for i, r in enumerate(fit_rows) if r.family == f]
         loso[idx] = done[f][1]
     kernel_in = np.array([pk.predict_kernel(k, terms) for k in kernel_rows])
-    # request-rate rows are fitted through Little's law; the DES checks that steady state with the fitted terms
+    # request-rate rows are predicted through the DES; their closed-form stand-in beside it (the report shows both)
     profile = pe.make_profile(FIT_ENGINE, terms, name=f"{FIT_ENGINE}-fit")
-    des = {i: pg.des_rate(r, profile) for i, r in enumerate(fit_rows) if r.batch_kind == "qps"}
+    little = {i: pg.predict_row(r, profile, des=False) for i, r in enumerate(fit_rows) if pg.is_rate_row(r)}
     return dict(rows=rows, fit_rows=fit_rows, kernel_rows=kernel_rows, measured=np.array([r.value for r in fit_rows]),
-                terms=terms, in_sample=in_sample, loso=loso, kernel_in_sample=kernel_in, des=des,
+                terms=terms, in_sample=in_sample, loso=loso, kernel_in_sample=kernel_in, little=little,
                 folds={f: {k: round(v, 9) for k, v in done[f][0].items()} for f in families})
 
 
@@ -223,7 +248,7 @@ def build_document(result: dict, csvs, kernels: Path, command: str) -> dict:
     excluded = [{"row": r.index, "csv": r.csv, "id": r.id, "why": r.scope} for r in rows if r not in fit_rows]
     per_row = [{"row": r.index, "csv": r.csv, "id": r.id, "source": r.source, "family": r.family, "regime": r.regime,
                 "measured": r.value, "in_sample": round(float(p), 6), "loso": round(float(q), 6),
-                **({"des": round(float(result["des"][i]), 6)} if i in result.get("des", {}) else {})}
+                **({"little": round(float(result["little"][i]), 6)} if i in result.get("little", {}) else {})}
                for i, (r, p, q) in enumerate(zip(fit_rows, result["in_sample"], result["loso"]))]
     kernel_rows = [{"row": k.index, "id": k.id, "family": k.family, "measured_pct": k.value,
                     "in_sample_pct": round(float(p), 3)} for k, p in zip(result["kernel_rows"], result["kernel_in_sample"])]

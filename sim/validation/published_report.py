@@ -142,15 +142,16 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         h = _stats(held_out, "error_pct")
         held_out_summary = {"points": h["points"], "mape": h["mape"], "max_error": h["max_error"]}
         lines += [f"Held-out rows: {h['points']}, MAPE {h['mape']:.1f}%, max {h['max_error']:.1f}%.", ""]
-    des_rows = [p for p in data.get("predictions", []) if "des" in p]
-    if des_rows:
-        lines += ["Request-rate rows (fitted through Little's law: sim/validation/published_gpu.py) through the DES "
-                  f"(`published_gpu.des_rate`: Poisson arrivals, {pg.DES_REQUESTS} requests, the fitted terms; at fit "
-                  "time):", "", "| row | measured | Little's law | DES |", "|---|---|---|---|"]
-        for p in des_rows:
+    rate_rows = [p for p in data.get("predictions", []) if "little" in p]
+    if rate_rows:
+        lines += ["Request-rate rows, predicted through the DES (`published_gpu.des_rate`: Poisson arrivals, "
+                  f"{pg.DES_REQUESTS} requests, reserve admission), beside their closed-form stand-in (Little's law), "
+                  "on which the fit descends with a DES factor per row (sim/fit_profiles.py); in-sample terms, at fit "
+                  "time:", "", "| row | measured | DES | Little's law |", "|---|---|---|---|"]
+        for p in rate_rows:
             lines.append(f"| {p['id']} | {p['measured']:.4g} | {p['in_sample']:.4g} "
-                         f"({_fmt(pg.error_pct(p['in_sample'], p['measured']))}%) | {p['des']:.4g} "
-                         f"({_fmt(pg.error_pct(p['des'], p['measured']))}%) |")
+                         f"({_fmt(pg.error_pct(p['in_sample'], p['measured']))}%) | {p['little']:.4g} "
+                         f"({_fmt(pg.error_pct(p['little'], p['measured']))}%) |")
         lines.append("")
     # per family: LOSO is "fit without this family, predict it"; per source within it
     trained_rows = table[table["trained"]]

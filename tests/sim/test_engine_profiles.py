@@ -241,6 +241,48 @@ def test_fit_recovers_terms_behind_synthetic_measurements(tmp_path):
     assert np.max(np.abs(pred / measured - 1)) < 0.03
 
 
+def test_fit_descends_on_little_s_law_but_fits_the_des_values_of_rate_rows(tmp_path, monkeypatch):
+    """Request-rate rows are predicted by the DES; the descent runs on Little's law times a factor per row
+    re-evaluated between descents. With a stand-in DES 30% above Little's law, the fit still reproduces
+    measurements the DES made; fitting Little's law alone (no rounds) leaves the rate rows off."""
+    monkeypatch.setattr(pg, "des_rate", lambda row, profile: 1.3 * pg._rate(row, pg.row_profile(row, profile)))
+    truth = dict(pe.prior_values(), step_overhead_s=0.0015, gemm_eff=0.8)
+    rows = [_row(hw="H100-SXM-80GB", model="meta-llama/Llama-2-7b-hf", batch=b, prompt=n, gen=g, metric=m,
+                 weight_dtype="fp16", kv_dtype="fp16", value=1)
+            for b, n, g, m in [(1, 2048, 1, "ttft_ms"), (8, 128, 256, "out_tok_per_s"), (64, 128, 512, "out_tok_per_s")]]
+    rows += [_row(hw="H100-SXM-80GB", model="meta-llama/Llama-2-7b-hf", batch=f"QPS {q}", prompt=256, gen=128,
+                  metric=m, stack="TensorRT-LLM v0.14.0", weight_dtype="fp16", kv_dtype="fp16", value=1)
+             for q, m in [(2, "ttft_ms"), (4, "tpot_ms")]]
+    scoped = pg.in_scope(pg.load_rows(write_csv(tmp_path / "s.csv", rows)))
+    measured = fit_profiles.predictions(scoped, truth)
+    for r, v in zip(rows, measured):
+        r["value"] = f"{v:.6g}"
+    scoped = pg.in_scope(pg.load_rows(write_csv(tmp_path / "s.csv", rows)))
+    rate = np.array([pg.is_rate_row(r) for r in scoped])
+    assert rate.sum() == 2
+    pred = fit_profiles.predictions(scoped, fit_profiles.fit_terms(scoped, []))
+    assert np.max(np.abs(pred / measured - 1)) < 0.03
+    monkeypatch.setattr(fit_profiles, "DES_ROUNDS", 0)
+    little_only = fit_profiles.predictions(scoped, fit_profiles.fit_terms(scoped, []))
+    assert np.max(np.abs(little_only[rate] / measured[rate] - 1)) > 0.1
+
+
+def test_rate_rows_run_the_des_once_per_run(tmp_path, monkeypatch):
+    """A TTFT row and a TPOT row of the same run share one DES run; des=False gives Little's law."""
+    import sim.des.serving as serving
+    calls = []
+    simulate = serving.simulate
+    monkeypatch.setattr(serving, "simulate", lambda *a, **k: calls.append(k["qps"]) or simulate(*a, **k))
+    path = write_csv(tmp_path / "q.csv", [
+        _row(batch="QPS 3", stack="TensorRT-LLM v0.14.0", metric=m, value=8, weight_dtype="bf16", kv_dtype="bf16",
+             prompt=128, gen=32) for m in ("ttft_ms", "tpot_ms")])
+    ttft, tpot = pg.in_scope(pg.load_rows(path))
+    prof = pe.make_profile("trtllm", pe.prior_values(), name="t")
+    des = [pg.predict_row(r, prof) for r in (ttft, tpot)]
+    assert calls == [3.0] and des[0] > des[1] > 0
+    assert pg.predict_row(ttft, prof, des=False) == pytest.approx(pg._rate(ttft, pg.row_profile(ttft, prof)))
+
+
 def test_row_terms_cover_every_term_a_prediction_reads(tmp_path):
     """The sparse Jacobian re-predicts only the rows a term reaches (fit_profiles.row_terms): moving any other
     term must leave a row's prediction exactly as it was."""
@@ -253,10 +295,10 @@ def test_row_terms_cover_every_term_a_prediction_reads(tmp_path):
              kv_dtype="bf16")])
     rows = pg.in_scope(pg.load_rows(path))
     base = dict(pe.prior_values(), attn_core_eff=0.1, attn_mmha_core_eff=0.1, attn_fp8_kv_eff=0.5)
-    before = fit_profiles.predictions(rows, base)
+    before = fit_profiles.predictions(rows, base, des=False)      # the descent's path (Little's law for rates)
     for t in pe.FITTED_TERMS:
         moved = dict(base, **{t.name: t.lo + 0.37 * (t.hi - t.lo)})
-        after = fit_profiles.predictions(rows, moved)
+        after = fit_profiles.predictions(rows, moved, des=False)
         for r, a, b in zip(rows, after, before):
             if t.name not in fit_profiles.row_terms(r):
                 assert a == b, (t.name, r.id)
