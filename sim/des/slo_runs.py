@@ -64,7 +64,7 @@ class Runs:
     stopped, so guesses never hold a worker the search needs. One worker: each run in this process."""
 
     def __init__(self, workers: int = 1):
-        forkable = "fork" in multiprocessing.get_all_start_methods()
+        forkable = can_fork()
         self.workers = max(1, int(workers)) if forkable else 1
         # fork: the children inherit the loaded models, devices and step-time memos
         self._ctx = multiprocessing.get_context("fork") if forkable else None

@@ -216,7 +216,7 @@ def runtime_profile(runtime: str, profile):
 
 def is_rate_row(row: Row) -> bool:
     """A request-rate row below saturation: the DES predicts it (des_rate)."""
-    return row.batch_kind == "qps" and row.qps is not None and not math.isinf(row.qps)
+    return row.batch_kind == "qps" and not math.isinf(row.qps)
 
 
 def predict_row(row: Row, profile, des: bool = True) -> float:

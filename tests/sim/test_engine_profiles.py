@@ -270,6 +270,7 @@ def test_fit_descends_on_little_s_law_but_fits_the_des_values_of_rate_rows(tmp_p
 def test_rate_rows_run_the_des_once_per_run(tmp_path, monkeypatch):
     """A TTFT row and a TPOT row of the same run share one DES run; des=False gives Little's law."""
     import sim.des.serving as serving
+    monkeypatch.setattr(pg, "_DES_RUNS", {})        # no run memoised by an earlier test
     calls = []
     simulate = serving.simulate
     monkeypatch.setattr(serving, "simulate", lambda *a, **k: calls.append(k["qps"]) or simulate(*a, **k))
