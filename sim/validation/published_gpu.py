@@ -19,7 +19,9 @@ How each batch kind runs (published_rows.batch_of says how cells read):
                packed into steps of at most MAX_NUM_TOKENS tokens (steady_state).
   max-seqs     a saturated server capped at N sequences: the same steady state at B = min(N, what the KV pool
                holds at the mean context n + T/2: vLLM allocates blocks as tokens arrive, no reservation).
-  max-static   a fixed batch as large as the KV pool holds for prompt + gen tokens each.
+  max-static   a fixed batch as large as the KV pool holds for prompt + gen tokens each, beside buffers sized
+               for the batch itself: with in-flight batching off one context pass prefills all of it
+               (static_max_batch).
   qps          an open-loop rate q below saturation, through the DES (des_rate: Poisson arrivals at q, the
                run's request count, reserve admission). Its closed-form stand-in (Little's law, `des=False`,
                which the fit descends on: sim.fit_profiles): L = q (TTFT + (T - 1) ITL) requests in flight;
@@ -105,16 +107,32 @@ def engine_buffers(row: Row) -> float:
     return MAX_NUM_TOKENS * m.layer_activation_elems(row.tp) * 2.0 + sequences * m.vocab_size * SCORE_BYTES
 
 
-def _pool_tokens(row: Row, profile=None) -> float:
+def _pool_tokens(row: Row, profile=None, buffers: float | None = None) -> float:
     """KV tokens the pool holds. TensorRT-LLM: KV_POOL_FRACTION of the memory free after the weights, the
     engine's buffers and its fixed reserve (free_gpu_memory_fraction); vLLM: KV_POOL_FRACTION of all memory
     less the same (gpu_memory_utilization). The reserve is an engine profile's runtime_reserve_gb per device
-    (none for the other profiles)."""
+    (none for the other profiles); `buffers`: bytes per device in place of engine_buffers(row)."""
     total, weights, per_token = _memory(row)
     terms = dict(getattr(profile, "terms", None) or ())
-    held = weights + row.tp * (terms.get("runtime_reserve_gb", 0.0) * 1e9 + engine_buffers(row))
+    buffers = engine_buffers(row) if buffers is None else buffers
+    held = weights + row.tp * (terms.get("runtime_reserve_gb", 0.0) * 1e9 + buffers)
     free = KV_POOL_FRACTION * total - held if row.engine == "vllm" else KV_POOL_FRACTION * (total - held)
     return max(free, 0.0) / per_token
+
+
+def static_max_batch(row: Row, profile=None) -> float:
+    """A max-static row's batch: the most requests whose prompt + gen tokens each fit the KV pool beside buffers
+    sized for the batch. With in-flight batching off, one context pass prefills the whole batch, so the
+    activations hold batch x prompt tokens (TensorRT-LLM before v0.10 sizes max_num_tokens as max_batch_size x
+    max_input_len; sim.capacity counts a static batch's prefill the same way) and the logits batch sequences.
+    The pool shrinks linearly with the buffers, so the batch solves B (prompt + gen) = pool(0) - B * (tokens
+    one request's buffers take from the pool). At least 1, at most MAX_BATCH_SIZE; not rounded (`_between`)."""
+    from sim.models import load_model
+    m = load_model(row.model)
+    per_request = row.prompt * m.layer_activation_elems(row.tp) * 2.0 + m.vocab_size * SCORE_BYTES
+    empty = _pool_tokens(row, profile, buffers=0.0)
+    taken = empty - _pool_tokens(row, profile, buffers=per_request)
+    return max(min(float(MAX_BATCH_SIZE), empty / (row.prompt + row.gen + taken)), 1.0)
 
 
 def steady_state_batch(row: Row, profile=None) -> float:
@@ -235,7 +253,7 @@ def predict_row(row: Row, profile, des: bool = True) -> float:
     if kind == "static":
         return _static(row, profile, row.batch)
     if kind == "max-static":
-        return _between(steady_state_batch(row, profile), lambda b: _static(row, profile, b))
+        return _between(static_max_batch(row, profile), lambda b: _static(row, profile, b))
     batch = capped_batch(row, profile) if kind == "max-seqs" else steady_state_batch(row, profile)
     pick = 0 if row.metric == "out_tok_per_s" else 1
     scale = 1.0 if pick == 0 else 1e3

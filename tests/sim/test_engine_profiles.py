@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from sim import engine, fit_profiles, validate
+from sim.models import load_model
 from sim.profiles import engines as pe
 from sim.profiles import get_profile
 from sim.validation import published_gpu as pg
@@ -118,7 +119,6 @@ def test_pytorch_runtime_hides_launches_and_host_work_but_not_the_kernels():
     t_var = engine.decode_step_time("h200-sxm", "llama-3-8b", kv, profile=variant, **kw)
     assert t_var < t_base
     # the kernels' own time stays: never below the bandwidth floor (weights + KV bytes) / peak bandwidth
-    from sim.models import load_model
     m, dev = load_model("llama-3-8b"), engine.resolve_device("h200-sxm")
     floor = (m.weight_bytes("fp8") + kv.sum() * m.kv_bytes_per_token("fp8")) / dev.memory_bw
     assert t_var >= floor
@@ -564,6 +564,24 @@ def test_kv_pool_leaves_the_model_sized_buffers_and_follows_each_stack(tmp_path)
     # vLLM sizes its logits by the row's cap, TensorRT-LLM by max_batch_size
     assert pg.engine_buffers(trt) > pg.engine_buffers(small) > 1e9
     assert pg.engine_buffers(vllm) < pg.engine_buffers(trt)
+
+
+def test_a_static_batch_as_large_as_memory_holds_leaves_room_for_its_own_prefill(tmp_path):
+    """IFB off: one context pass prefills the whole batch, so the buffers beside the pool grow with the batch;
+    the batch fills the pool left beside them exactly, and is smaller than the in-flight one (whose buffers
+    are one max_num_tokens step's)."""
+    (row,) = pg.load_rows(write_csv(tmp_path / "s.csv", [
+        _row(batch="max-throughput batch (TRT batch not stated)", model="meta-llama/Meta-Llama-3-8B",
+             hw="A100-80GB", weight_dtype="fp16", kv_dtype="fp16", prompt="1024", gen="512")]))
+    assert row.batch_kind == "max-static"
+    profile = pe.make_profile("trtllm", dict(pe.prior_values(), runtime_reserve_gb=1.5))
+    b = pg.static_max_batch(row, profile)
+    m = load_model(row.model)
+    buffers = b * (1024 * m.layer_activation_elems() * 2.0 + m.vocab_size * 4.0)
+    assert b * (1024 + 512) == pytest.approx(pg._pool_tokens(row, profile, buffers=buffers), rel=1e-9)
+    assert 100 < b < pg.steady_state_batch(row, profile)
+    assert pg.predict_row(row, profile) == pytest.approx(
+        pg._between(b, lambda n: pg._static(row, profile, n)), rel=1e-12)
 
 
 def test_hf_flash_decode_never_gets_slower_with_less_cache():
