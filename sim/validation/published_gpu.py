@@ -96,15 +96,17 @@ def _memory(row: Row) -> tuple[float, float, float]:
 
 
 @lru_cache(maxsize=None)
-def engine_buffers(row: Row) -> float:
+def engine_buffers(row: Row, tokens: int = MAX_NUM_TOKENS, sequences: int | None = None) -> float:
     """Bytes the engine allocates outside the KV pool that grow with the model, per device (derived, not
-    fitted): the activations of one step of MAX_NUM_TOKENS tokens (ModelSpec.layer_activation_elems, as
+    fitted): the activations of one step of `tokens` tokens (ModelSpec.layer_activation_elems, as
     sim.capacity.memory counts them, TP-sharded, at 16 bits) and fp32 logits for the most sequences a step can
-    hold (TensorRT-LLM sizes them by max_batch_size; vLLM's profiling run by max_num_seqs, the row's cap)."""
+    hold (by default TensorRT-LLM's max_batch_size; vLLM's profiling run sizes them by max_num_seqs, the row's
+    cap)."""
     from sim.models import load_model
     m = load_model(row.model)
-    sequences = row.batch if row.batch_kind == "max-seqs" else MAX_BATCH_SIZE
-    return MAX_NUM_TOKENS * m.layer_activation_elems(row.tp) * 2.0 + sequences * m.vocab_size * SCORE_BYTES
+    if sequences is None:
+        sequences = row.batch if row.batch_kind == "max-seqs" else MAX_BATCH_SIZE
+    return tokens * m.layer_activation_elems(row.tp) * 2.0 + sequences * m.vocab_size * SCORE_BYTES
 
 
 def _pool_tokens(row: Row, profile=None, buffers: float | None = None) -> float:
@@ -127,9 +129,7 @@ def static_max_batch(row: Row, profile=None) -> float:
     max_input_len; sim.capacity counts a static batch's prefill the same way) and the logits batch sequences.
     The pool shrinks linearly with the buffers, so the batch solves B (prompt + gen) = pool(0) - B * (tokens
     one request's buffers take from the pool). At least 1, at most MAX_BATCH_SIZE; not rounded (`_between`)."""
-    from sim.models import load_model
-    m = load_model(row.model)
-    per_request = row.prompt * m.layer_activation_elems(row.tp) * 2.0 + m.vocab_size * SCORE_BYTES
+    per_request = engine_buffers(row, tokens=row.prompt, sequences=1)
     empty = _pool_tokens(row, profile, buffers=0.0)
     taken = empty - _pool_tokens(row, profile, buffers=per_request)
     return max(min(float(MAX_BATCH_SIZE), empty / (row.prompt + row.gen + taken)), 1.0)
