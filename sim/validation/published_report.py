@@ -7,6 +7,10 @@ to these rows) and with the terms fitted without the row's source family (leave-
 in-sample shows over-fitting; the targets are stated on LOSO, and the fitted profile's LOSO error is set
 beside the ideal-kernel profile's (`fused`, never fitted) on the same rows. The file's own predictions are compared with today's: when the engine's op costs have
 moved since the fit, the section says so (re-run `python -m sim.fit_profiles`).
+
+Each regime's MAPE carries a 95% bootstrap interval over sources (a source's rows resampled together). The family-transfer table says, per family, how
+the other families' rows fare out of sample and where the whole set would be with this family's rows at their
+in-sample error: the family whose swap alone meets the targets is the one whose transfer keeps them out of reach.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import pandas as pd
 from sim.profiles import engines as pe
 from sim.validation import published_gpu as pg
 from sim.validation.published_plot import PLOT_NAME
+from traces.stats import LEVEL, N_BOOT, bootstrap
 
 LOSO_TARGET_OVERALL = 10.0
 LOSO_TARGET_REGIME = 15.0
@@ -44,6 +49,45 @@ class Section:
 def _stats(df: pd.DataFrame, column: str) -> dict:
     err = df[column].abs()
     return {"points": int(len(df)), "mape": round(float(err.mean()), 3), "max_error": round(float(err.max()), 3)}
+
+
+def _interval(df: pd.DataFrame, column: str) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the MAPE, resampling whole sources (the rows of one published table
+    share its harness and its errors: they are not independent); seeded (traces.stats). NaN with one source."""
+    ci = bootstrap(df[column].abs().to_numpy(float), df["source"].to_numpy())
+    return ci.lo, ci.hi
+
+
+def family_transfer(table: pd.DataFrame) -> dict:
+    """Per source family, what its transfer costs out of sample: the LOSO MAPE of the other families' rows, and
+    the overall and worst-regime LOSO MAPE if this family's rows were predicted at their in-sample error (as
+    well as its terms fitted on its own rows allow) while every other row keeps its LOSO error. A family whose
+    swap alone meets the targets is the one that keeps them out of reach."""
+    trained = table[table["trained"]]
+    out = {}
+    for family, fdf in trained.groupby("family", sort=False):
+        mine = trained["family"] == family
+        swapped = trained["loso_error_pct"].where(~mine, trained["error_pct"]).abs()
+        regimes = {g: float(swapped[trained["regime"] == g].mean()) for g in pg.REGIMES if g in set(trained["regime"])}
+        worst = max(regimes, key=regimes.get)
+        out[family] = {"rows": int(len(fdf)), "others_loso_mape": round(float(trained.loc[~mine, "loso_error_pct"].abs()
+                                                                                .mean()), 3),
+                       "overall_if_in_sample": round(float(swapped.mean()), 3),
+                       "worst_regime_if_in_sample": worst, "worst_regime_mape_if_in_sample": round(regimes[worst], 3)}
+    return out
+
+
+def family_transfer_lines(transfer: dict) -> list[str]:
+    if not transfer:
+        return []
+    lines = ["What each family's transfer costs: the other families' rows out of sample, and the whole set's LOSO "
+             "MAPE with this family's rows at their in-sample error instead (every other row out of sample):", "",
+             "| family | rows | other rows, LOSO MAPE % | overall, this family in sample % | worst regime, this family "
+             "in sample % |", "|---|---|---|---|---|"]
+    for family, t in transfer.items():
+        lines.append(f"| {family} | {t['rows']} | {t['others_loso_mape']:.1f} | {t['overall_if_in_sample']:.1f} | "
+                     f"{t['worst_regime_mape_if_in_sample']:.1f} ({t['worst_regime_if_in_sample']}) |")
+    return lines + [""]
 
 
 def evaluate_rows(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = None) -> tuple[pd.DataFrame, dict, list]:
@@ -128,15 +172,21 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
     for group in regimes + ["overall"]:
         df = table if group == "overall" else table[table["regime"] == group]
         ins, lo, fu = _stats(df, "error_pct"), _stats(df, "loso_error_pct"), _stats(df, "fused_error_pct")
+        (ins_lo, ins_hi), (lo_lo, lo_hi) = _interval(df, "error_pct"), _interval(df, "loso_error_pct")
         target = LOSO_TARGET_OVERALL if group == "overall" else LOSO_TARGET_REGIME
         status = "PASS" if lo["mape"] <= target else "FAIL"
         summary_regimes[group] = {"points": ins["points"], "in_sample_mape": ins["mape"], "in_sample_max": ins["max_error"],
-                                  "loso_mape": lo["mape"], "loso_max": lo["max_error"], "fused_mape": fu["mape"],
+                                  "in_sample_ci": [round(ins_lo, 3), round(ins_hi, 3)],
+                                  "loso_mape": lo["mape"], "loso_max": lo["max_error"],
+                                  "loso_ci": [round(lo_lo, 3), round(lo_hi, 3)], "fused_mape": fu["mape"],
                                   "target_loso_mape": target, "status": status}
-        rows_out.append(f"| {group} | {ins['points']} | {ins['mape']:.1f} | {ins['max_error']:.1f} | {lo['mape']:.1f} | "
+        rows_out.append(f"| {group} | {ins['points']} | {ins['mape']:.1f} [{ins_lo:.1f}, {ins_hi:.1f}] | "
+                        f"{ins['max_error']:.1f} | {lo['mape']:.1f} [{lo_lo:.1f}, {lo_hi:.1f}] | "
                         f"{lo['max_error']:.1f} | {fu['mape']:.1f} | <= {target:g} | {status} |")
-    lines += ["| regime | rows | in-sample MAPE % | in-sample max % | LOSO MAPE % | LOSO max % | fused MAPE % | "
-              "target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, "",
+    lines += ["| regime | rows | in-sample MAPE % [95% CI] | in-sample max % | LOSO MAPE % [95% CI] | LOSO max % | "
+              "fused MAPE % | target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, "",
+              f"Intervals: {LEVEL:.0%} percentile bootstrap over sources (the rows of one published table are "
+              f"resampled together; {N_BOOT} resamples, seeded).", "",
               f"![published GPU rows: predicted vs published]({PLOT_NAME})", ""]
     if len(held_out):
         h = _stats(held_out, "error_pct")
@@ -177,6 +227,8 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
             lines.append(f"| {family} | {source} | {ins['points']} | {ins['mape']:.1f} | {lo['mape']:.1f} | "
                          f"{lo['max_error']:.1f} | {fu['mape']:.1f} |")
     lines.append("")
+    transfer = family_transfer(table)
+    lines += family_transfer_lines(transfer)
     terms = data["engines"]["trtllm"]["terms"]
     lines += ["Fitted terms (shared by `trtllm` and `vllm` and by every device; each stack's host terms see only its "
               "rows; bounds are physical ranges, sim/profiles/engines.py):", "",
@@ -206,7 +258,7 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
     lines.append("")
     lines += excluded_lines(excluded) + multi_lines + [GPU_RUN_NOTE, ""]
     summary = {"rows": int(len(table)), "regimes": summary_regimes, "by_source": by_source,
-               "by_family": by_family, "stale": stale,
+               "by_family": by_family, "family_transfer": transfer, "stale": stale,
                "held_out": held_out_summary,
                "terms": {k: float(v["value"]) for k, v in terms.items()},
                "examples": {e.id: {"measured": e.measured, "predicted": round(e.predicted, 1),
