@@ -8,9 +8,10 @@ in-sample shows over-fitting; the targets are stated on LOSO, and the fitted pro
 beside the ideal-kernel profile's (`fused`, never fitted) on the same rows. The file's own predictions are compared with today's: when the engine's op costs have
 moved since the fit, the section says so (re-run `python -m sim.fit_profiles`).
 
-Each regime's MAPE carries a 95% bootstrap interval over sources (a source's rows resampled together). The family-transfer table says, per family, how
-the other families' rows fare out of sample and where the whole set would be with this family's rows at their
-in-sample error: the family whose swap alone meets the targets is the one whose transfer keeps them out of reach.
+Each regime's MAPE carries a 95% bootstrap interval over sources (a source's rows resampled together; none
+for a regime of one source). The family-transfer table says, per family, how the other families' rows fare out
+of sample and where the whole set would be with this family's rows at their in-sample error: the family whose
+swap alone meets the targets is the one whose transfer keeps them out of reach.
 """
 from __future__ import annotations
 
@@ -51,11 +52,15 @@ def _stats(df: pd.DataFrame, column: str) -> dict:
     return {"points": int(len(df)), "mape": round(float(err.mean()), 3), "max_error": round(float(err.max()), 3)}
 
 
-def _interval(df: pd.DataFrame, column: str) -> tuple[float, float]:
+def _interval(df: pd.DataFrame, column: str) -> tuple[float, float] | None:
     """95% percentile-bootstrap interval of the MAPE, resampling whole sources (the rows of one published table
-    share its harness and its errors: they are not independent); seeded (traces.stats). NaN with one source."""
+    share its harness and its errors: they are not independent); seeded (traces.stats). None: one source."""
     ci = bootstrap(df[column].abs().to_numpy(float), df["source"].to_numpy())
-    return ci.lo, ci.hi
+    return (round(ci.lo, 3), round(ci.hi, 3)) if np.isfinite(ci.lo) and np.isfinite(ci.hi) else None
+
+
+def _with_interval(mape: float, ci: tuple[float, float] | None) -> str:
+    return f"{mape:.1f}" if ci is None else f"{mape:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
 def family_transfer(table: pd.DataFrame) -> dict:
@@ -172,21 +177,21 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
     for group in regimes + ["overall"]:
         df = table if group == "overall" else table[table["regime"] == group]
         ins, lo, fu = _stats(df, "error_pct"), _stats(df, "loso_error_pct"), _stats(df, "fused_error_pct")
-        (ins_lo, ins_hi), (lo_lo, lo_hi) = _interval(df, "error_pct"), _interval(df, "loso_error_pct")
+        ins_ci, lo_ci = _interval(df, "error_pct"), _interval(df, "loso_error_pct")
         target = LOSO_TARGET_OVERALL if group == "overall" else LOSO_TARGET_REGIME
         status = "PASS" if lo["mape"] <= target else "FAIL"
         summary_regimes[group] = {"points": ins["points"], "in_sample_mape": ins["mape"], "in_sample_max": ins["max_error"],
-                                  "in_sample_ci": [round(ins_lo, 3), round(ins_hi, 3)],
+                                  "in_sample_ci": None if ins_ci is None else list(ins_ci),
                                   "loso_mape": lo["mape"], "loso_max": lo["max_error"],
-                                  "loso_ci": [round(lo_lo, 3), round(lo_hi, 3)], "fused_mape": fu["mape"],
+                                  "loso_ci": None if lo_ci is None else list(lo_ci), "fused_mape": fu["mape"],
                                   "target_loso_mape": target, "status": status}
-        rows_out.append(f"| {group} | {ins['points']} | {ins['mape']:.1f} [{ins_lo:.1f}, {ins_hi:.1f}] | "
-                        f"{ins['max_error']:.1f} | {lo['mape']:.1f} [{lo_lo:.1f}, {lo_hi:.1f}] | "
+        rows_out.append(f"| {group} | {ins['points']} | {_with_interval(ins['mape'], ins_ci)} | "
+                        f"{ins['max_error']:.1f} | {_with_interval(lo['mape'], lo_ci)} | "
                         f"{lo['max_error']:.1f} | {fu['mape']:.1f} | <= {target:g} | {status} |")
     lines += ["| regime | rows | in-sample MAPE % [95% CI] | in-sample max % | LOSO MAPE % [95% CI] | LOSO max % | "
               "fused MAPE % | target (LOSO) | status |", "|---|---|---|---|---|---|---|---|---|", *rows_out, "",
               f"Intervals: {LEVEL:.0%} percentile bootstrap over sources (the rows of one published table are "
-              f"resampled together; {N_BOOT} resamples, seeded).", "",
+              f"resampled together; {N_BOOT} resamples, seeded; none for a regime of one source).", "",
               f"![published GPU rows: predicted vs published]({PLOT_NAME})", ""]
     if len(held_out):
         h = _stats(held_out, "error_pct")

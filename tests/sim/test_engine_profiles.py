@@ -382,6 +382,12 @@ def test_rows_outside_the_training_csv_are_held_out(tmp_path):
     assert (t["loso"] == t["predicted"]).all()           # out of sample in every column
     assert section.summary["held_out"]["points"] == 2
     assert "held out" in "\n".join(section.markdown)
+    json.dumps(section.summary, allow_nan=False)         # strict JSON: no NaN interval
+    one = published_report.build_section(csv=write_csv(tmp_path / "one.csv", [_row(source="NEW", batch=32, prompt=512,
+                                                                                   gen=512, value=2000)]))
+    # one source: nothing to resample, no interval (None in the summary, the bare MAPE in the table)
+    assert one.summary["regimes"]["overall"]["loso_ci"] is None
+    json.dumps(one.summary, allow_nan=False)
 
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
