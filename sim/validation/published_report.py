@@ -52,14 +52,14 @@ def _stats(df: pd.DataFrame, column: str) -> dict:
     return {"points": int(len(df)), "mape": round(float(err.mean()), 3), "max_error": round(float(err.max()), 3)}
 
 
-def _interval(df: pd.DataFrame, column: str) -> tuple[float, float] | None:
-    """95% percentile-bootstrap interval of the MAPE, resampling whole sources (the rows of one published table
-    share its harness and its errors: they are not independent); seeded (traces.stats). None: one source."""
+def _interval(df: pd.DataFrame, column: str) -> list[float] | None:
+    """95% percentile-bootstrap interval [lo, hi] of the MAPE, resampling whole sources (the rows of one published
+    table share its harness and its errors: they are not independent); seeded (traces.stats). None: one source."""
     ci = bootstrap(df[column].abs().to_numpy(float), df["source"].to_numpy())
-    return (round(ci.lo, 3), round(ci.hi, 3)) if np.isfinite(ci.lo) and np.isfinite(ci.hi) else None
+    return [round(ci.lo, 3), round(ci.hi, 3)] if np.isfinite(ci.lo) and np.isfinite(ci.hi) else None
 
 
-def _with_interval(mape: float, ci: tuple[float, float] | None) -> str:
+def _with_interval(mape: float, ci: list[float] | None) -> str:
     return f"{mape:.1f}" if ci is None else f"{mape:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
@@ -69,14 +69,15 @@ def family_transfer(table: pd.DataFrame) -> dict:
     well as its terms fitted on its own rows allow) while every other row keeps its LOSO error. A family whose
     swap alone meets the targets is the one that keeps them out of reach."""
     trained = table[table["trained"]]
+    loso, in_sample = trained["loso_error_pct"].abs(), trained["error_pct"].abs()
+    present = [g for g in pg.REGIMES if g in set(trained["regime"])]
     out = {}
     for family, fdf in trained.groupby("family", sort=False):
         mine = trained["family"] == family
-        swapped = trained["loso_error_pct"].where(~mine, trained["error_pct"]).abs()
-        regimes = {g: float(swapped[trained["regime"] == g].mean()) for g in pg.REGIMES if g in set(trained["regime"])}
+        swapped = loso.where(~mine, in_sample)
+        regimes = {g: float(swapped[trained["regime"] == g].mean()) for g in present}
         worst = max(regimes, key=regimes.get)
-        out[family] = {"rows": int(len(fdf)), "others_loso_mape": round(float(trained.loc[~mine, "loso_error_pct"].abs()
-                                                                                .mean()), 3),
+        out[family] = {"rows": int(len(fdf)), "others_loso_mape": round(float(loso[~mine].mean()), 3),
                        "overall_if_in_sample": round(float(swapped.mean()), 3),
                        "worst_regime_if_in_sample": worst, "worst_regime_mape_if_in_sample": round(regimes[worst], 3)}
     return out
@@ -181,9 +182,8 @@ def build_section(fit_file: Path | str = pe.FIT_FILE, csv: Path | str | None = N
         target = LOSO_TARGET_OVERALL if group == "overall" else LOSO_TARGET_REGIME
         status = "PASS" if lo["mape"] <= target else "FAIL"
         summary_regimes[group] = {"points": ins["points"], "in_sample_mape": ins["mape"], "in_sample_max": ins["max_error"],
-                                  "in_sample_ci": None if ins_ci is None else list(ins_ci),
-                                  "loso_mape": lo["mape"], "loso_max": lo["max_error"],
-                                  "loso_ci": None if lo_ci is None else list(lo_ci), "fused_mape": fu["mape"],
+                                  "in_sample_ci": ins_ci, "loso_mape": lo["mape"], "loso_max": lo["max_error"],
+                                  "loso_ci": lo_ci, "fused_mape": fu["mape"],
                                   "target_loso_mape": target, "status": status}
         rows_out.append(f"| {group} | {ins['points']} | {_with_interval(ins['mape'], ins_ci)} | "
                         f"{ins['max_error']:.1f} | {_with_interval(lo['mape'], lo_ci)} | "

@@ -40,11 +40,11 @@ def test_interval_brackets_the_mape_and_is_seeded():
     df = pd.DataFrame({"source": [f"s{i % 6}" for i in range(30)], "e": [(-1) ** i * (i % 7) for i in range(30)]})
     lo, hi = published_report._interval(df, "e")
     mape = df["e"].abs().mean()
-    assert lo < mape < hi and (lo, hi) == published_report._interval(df, "e")
+    assert lo < mape < hi and [lo, hi] == published_report._interval(df, "e")
     one = df.assign(source="s")           # one source: nothing to resample, no interval
     assert published_report._interval(one, "e") is None
     assert published_report._with_interval(3.14, None) == "3.1"
-    assert published_report._with_interval(3.14, (1.0, 5.25)) == "3.1 [1.0, 5.2]"
+    assert published_report._with_interval(3.14, [1.0, 5.25]) == "3.1 [1.0, 5.2]"
 
 
 @needs_csv
